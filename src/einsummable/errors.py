@@ -1,0 +1,29 @@
+"""The package's own exceptions: every user mistake surfaces as one of these."""
+
+
+class EinsummableError(Exception):
+    """Base class for every error this package raises on bad input."""
+
+
+class ExprError(EinsummableError):
+    """A scalar (join) expression is malformed, unknown or ill-typed."""
+
+
+class SpecError(EinsummableError):
+    """An einsum spec is malformed or disagrees with its operands."""
+
+
+class ShapeError(EinsummableError):
+    """Shapes disagree: an index with two sizes, a bad slice, a bad reshape."""
+
+
+class DtypeError(EinsummableError):
+    """Dtypes disagree, or a dtype is not supported."""
+
+
+class GraphError(EinsummableError):
+    """An EinGraph is malformed: bad node ids, wrong order, dangling outputs."""
+
+
+class FeedError(EinsummableError):
+    """A run was given a missing, extra, misshaped or wrongly typed input."""

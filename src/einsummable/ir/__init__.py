@@ -1,0 +1,1 @@
+"""The IRs: scalar expressions, the Einsummable op and the EinGraph."""

@@ -1,0 +1,501 @@
+"""The join language: parse, print, type, simplify, differentiate and compile.
+
+Users write joins as Python-syntax strings such as ``"exp(x0 - x1) * x2"``. They
+are parsed with ``ast`` against an allow-list; nothing is ever ``eval``ed. The
+canonical printer round-trips: ``parse(to_string(e)) == e``.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from einsummable.errors import ExprError
+from einsummable.ir.dtypes import DEFAULT, DTYPES, to_numpy
+from einsummable.ir.expr import ONE, ZERO, Call, Cast, Const, Expr, Input, Var, call, children
+from einsummable.ir.scalar_ops import INFIX, LINEAR_UNARY, OPS, Weak, is_call
+
+_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow"}
+_CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+_NAMED_CONSTS = {"inf": math.inf, "nan": math.nan, "pi": math.pi}
+_INPUT = re.compile(r"x(\d+)$")
+_ALLOWED = "numbers, x0..xN, variable names, + - * / **, comparisons, and calls to " + ", ".join(
+    sorted([*(n for n, r in OPS.items() if r.infix is None), "cast", "complex"])
+)
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def parse(text: str | Expr) -> Expr:
+    """Parse a join string; an Expr passes through unchanged."""
+    if not isinstance(text, str):
+        return text
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as err:
+        raise ExprError(f"cannot parse join expression {text!r}: {err.msg}") from None
+    return _parse(tree.body, text)
+
+
+def _literal(node: ast.AST) -> float | complex | None:
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float, complex):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _NAMED_CONSTS:
+        return _NAMED_CONSTS[node.id]
+    return None
+
+
+def _parse(node: ast.AST, text: str) -> Expr:
+    literal = _literal(node)
+    if literal is not None:
+        return Const(literal)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        inner = _literal(node.operand)
+        if isinstance(node.op, ast.UAdd):
+            return _parse(node.operand, text)
+        if inner is not None:
+            return Const(-inner)
+        return call("neg", _parse(node.operand, text))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+        op = _BINOPS[type(node.op)]
+        left, right = _parse(node.left, text), _parse(node.right, text)
+        if op == "pow" and not isinstance(right, Const):
+            raise ExprError(f"'**' needs a constant exponent in {text!r}, got {ast.unparse(node.right)!r}")
+        return call(op, left, right)
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMPOPS:
+        op = _CMPOPS[type(node.ops[0])]
+        return call(op, _parse(node.left, text), _parse(node.comparators[0], text))
+    if isinstance(node, ast.Name):
+        return _parse_name(node.id, text)
+    if isinstance(node, ast.Call):
+        return _parse_call(node, text)
+    raise ExprError(
+        f"{type(node).__name__} ({ast.unparse(node)!r}) is not allowed in join expression "
+        f"{text!r}; allowed: {_ALLOWED}"
+    )
+
+
+def _parse_name(name: str, text: str) -> Expr:
+    m = _INPUT.match(name)
+    if m:
+        return Input(int(m.group(1)))
+    if name in OPS or name in ("cast", "complex"):
+        raise ExprError(f"{name!r} is a function in {text!r}; call it as {name}(...)")
+    if name.startswith("_"):
+        raise ExprError(f"variable names may not start with '_': {name!r} in {text!r}")
+    return Var(name)
+
+
+def _parse_call(node: ast.Call, text: str) -> Expr:
+    if not isinstance(node.func, ast.Name):
+        raise ExprError(
+            f"only plain function calls are allowed in {text!r}, got {ast.unparse(node.func)!r}"
+        )
+    name = node.func.id
+    if node.keywords:
+        raise ExprError(f"{name}() takes no keyword arguments in {text!r}")
+    if name == "cast":
+        if len(node.args) != 2 or not isinstance(node.args[1], ast.Name):
+            raise ExprError(f"cast takes (expr, dtype) in {text!r}, for example cast(x0, f16)")
+        dtype = node.args[1].id
+        if dtype not in DTYPES:
+            raise ExprError(f"unknown dtype {dtype!r} in {text!r}; expected one of {DTYPES}")
+        return Cast(dtype, _parse(node.args[0], text))
+    if name == "complex":
+        parts = [_parse(a, text) for a in node.args]
+        if len(parts) != 2 or not all(isinstance(p, Const) for p in parts):
+            raise ExprError(f"complex takes two number literals in {text!r}")
+        return Const(complex(parts[0].value, parts[1].value))
+    rule = OPS.get(name)
+    if rule is None or (rule.infix is not None):
+        raise ExprError(f"unknown function {name!r} in join expression {text!r}; allowed: {_ALLOWED}")
+    if len(node.args) != rule.arity:
+        raise ExprError(f"{name} takes {rule.arity} argument(s), got {len(node.args)} in {text!r}")
+    return Call(name, tuple(_parse(a, text) for a in node.args))
+
+
+# ---------------------------------------------------------------- printing
+
+
+def _num(v: float) -> str:
+    if math.isnan(v):
+        return "nan"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    if v.is_integer() and abs(v) < 1e15:
+        return str(int(v))
+    return repr(v)
+
+
+def _precedence(e: Expr) -> int:
+    if isinstance(e, Const):
+        v = e.value
+        negative = isinstance(v, float) and (v < 0 or math.copysign(1.0, v) < 0) and v != 0
+        return 4 if negative else 6
+    if isinstance(e, Call):
+        rule = OPS[e.op]
+        if rule.infix or e.op == "neg":
+            return rule.precedence
+    return 6
+
+
+def to_string(e: Expr) -> str:
+    if isinstance(e, Input):
+        return f"x{e.index}"
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Const):
+        v = e.value
+        if isinstance(v, complex):
+            return f"complex({_num(v.real)}, {_num(v.imag)})"
+        return _num(v)
+    if isinstance(e, Cast):
+        return f"cast({to_string(e.arg)}, {e.dtype})"
+    rule = OPS[e.op]
+    if e.op == "neg":
+        (a,) = e.args
+        if isinstance(a, Const):
+            return f"neg({to_string(a)})"
+        return "-" + _wrap(a, _precedence(a) < 4)
+    if rule.infix:
+        a, b = e.args
+        p = rule.precedence
+        if p == 1:
+            left_paren, right_paren = _precedence(a) <= p, _precedence(b) <= p
+        elif e.op == "pow":
+            left_paren, right_paren = _precedence(a) <= p, False
+        else:
+            left_paren, right_paren = _precedence(a) < p, _precedence(b) <= p
+        return f"{_wrap(a, left_paren)} {rule.infix} {_wrap(b, right_paren)}"
+    return f"{e.op}({', '.join(to_string(a) for a in e.args)})"
+
+
+def _wrap(e: Expr, paren: bool) -> str:
+    s = to_string(e)
+    return f"({s})" if paren else s
+
+
+# ---------------------------------------------------------------- dtypes
+
+
+def dtype_of(e: Expr, input_dtypes: Sequence[str]) -> Weak:
+    """The expression's dtype; None where it is weakly typed (only constants)."""
+    if isinstance(e, Input):
+        if e.index >= len(input_dtypes):
+            raise ExprError(
+                f"join uses x{e.index} but the op has {len(input_dtypes)} input(s) "
+                f"(x0..x{len(input_dtypes) - 1})"
+            )
+        return input_dtypes[e.index]
+    if isinstance(e, Const):
+        return "c64" if isinstance(e.value, complex) else None
+    if isinstance(e, Var):
+        return None
+    if isinstance(e, Cast):
+        dtype_of(e.arg, input_dtypes)
+        return e.dtype
+    rule = OPS[e.op]
+    return rule.dtype(e.op, tuple(dtype_of(a, input_dtypes) for a in e.args))
+
+
+def result_dtype(e: Expr, input_dtypes: Sequence[str]) -> str:
+    """The dtype an op's output takes: a weakly typed join follows its first input."""
+    d = dtype_of(e, input_dtypes)
+    if d is not None:
+        return d
+    return input_dtypes[0] if input_dtypes else DEFAULT
+
+
+# ---------------------------------------------------------------- simplify
+
+
+def simplify(e: Expr) -> Expr:
+    """Fold constants, drop identities and order commutative operands canonically.
+
+    Never reorders the branches of ``where`` nor the operands of a comparison.
+    """
+    for _ in range(32):
+        new = _simplify(e)
+        if new == e:
+            return new
+        e = new
+    return e
+
+
+def _sort_key(e: Expr) -> tuple[int, str]:
+    return (0 if isinstance(e, Const) else 1, to_string(e))
+
+
+def _fold(op: str, values: list[float | complex]) -> Const | None:
+    rule = OPS[op]
+    arrays = [np.asarray(v, dtype=np.complex128 if isinstance(v, complex) else np.float64) for v in values]
+    if op == "pow":
+        arrays[1] = values[1]
+    complex_in = any(isinstance(v, complex) for v in values)
+    out = np.empty((), dtype=np.complex128 if complex_in and op not in ("abs", "real", "imag") else np.float64)
+    with np.errstate(all="ignore"):
+        try:
+            rule.kernel(out, *arrays)
+        except TypeError:
+            return None
+    return Const(complex(out) if out.dtype.kind == "c" else float(out))
+
+
+def _simplify(e: Expr) -> Expr:
+    kids = children(e)
+    if not kids:
+        return e
+    kids = tuple(_simplify(k) for k in kids)
+    if isinstance(e, Cast):
+        (a,) = kids
+        if isinstance(a, Cast) and a.dtype == e.dtype:
+            return a
+        return Cast(e.dtype, a)
+    op = e.op
+    rule = OPS[op]
+    if rule.partials is not None and all(isinstance(k, Const) for k in kids):
+        folded = _fold(op, [k.value for k in kids])
+        if folded is not None:
+            return folded
+    rewritten = _rewrite(op, kids)
+    if rewritten is not None:
+        return rewritten
+    if rule.commutative:
+        kids = tuple(sorted(kids, key=_sort_key))
+    return Call(op, kids)
+
+
+def _rewrite(op: str, kids: tuple[Expr, ...]) -> Expr | None:
+    a = kids[0]
+    b = kids[1] if len(kids) > 1 else None
+    if op == "add":
+        if a == ZERO:
+            return b
+        if b == ZERO:
+            return a
+    elif op == "sub":
+        if b == ZERO:
+            return a
+        if a == ZERO:
+            return call("neg", b)
+    elif op == "mul":
+        for p, q in ((a, b), (b, a)):
+            if p == ZERO:
+                return ZERO
+            if p == ONE:
+                return q
+            if p == Const(-1.0):
+                return call("neg", q)
+            if isinstance(p, Const) and is_call(q, "mul") and isinstance(q.args[0], Const):
+                return call("mul", Const(p.value * q.args[0].value), q.args[1])
+            if is_call(p, "where") and all(isinstance(t, Const) for t in p.args[1:]):
+                c, t, f = p.args
+                return call("where", c, call("mul", t, q), call("mul", f, q))
+            if is_call(p, "neg"):
+                return call("neg", call("mul", p.args[0], q))
+    elif op == "div":
+        if b == ONE:
+            return a
+    elif op == "pow":
+        if b == ONE:
+            return a
+        if b == ZERO:
+            return ONE
+    elif op == "neg":
+        if isinstance(a, Const):
+            return Const(-a.value)
+        if is_call(a, "neg"):
+            return a.args[0]
+    elif op == "where":
+        cond, t, f = kids
+        if t == f:
+            return t
+        if isinstance(cond, Call) and all(isinstance(k, Const) for k in cond.args):
+            truth = _fold_compare(cond)
+            if truth is not None:
+                return t if truth else f
+    return None
+
+
+def _fold_compare(cond: Call) -> bool | None:
+    out = np.empty((), dtype=bool)
+    values = [np.asarray(k.value) for k in cond.args]
+    OPS[cond.op].kernel(out, *values)
+    return bool(out)
+
+
+# ---------------------------------------------------------------- derivative
+
+
+def derivative(e: Expr, i: int) -> Expr:
+    """d e / d x_i, symbolic and simplified."""
+    return simplify(_d(parse(e), i))
+
+
+def _d(e: Expr, i: int) -> Expr:
+    if isinstance(e, Input):
+        return ONE if e.index == i else ZERO
+    if isinstance(e, Const | Var):
+        return ZERO
+    if isinstance(e, Cast):
+        return Cast(e.dtype, _d(e.arg, i))
+    if e.op == "where":
+        c, a, b = e.args
+        return call("where", c, _d(a, i), _d(b, i))
+    if e.op in LINEAR_UNARY:
+        return call(e.op, _d(e.args[0], i))
+    rule = OPS[e.op]
+    if rule.partials is None:
+        return ZERO
+    total: Expr = ZERO
+    for partial, arg in zip(rule.partials(e.args), e.args, strict=True):
+        inner = simplify(_d(arg, i))
+        if inner != ZERO:
+            total = call("add", total, call("mul", partial, inner))
+    return total
+
+
+# ---------------------------------------------------------------- classification
+
+
+def classify(e: Expr) -> str | None:
+    """Name the common forms kernels can hand to BLAS or skip entirely."""
+    x0, x1 = Input(0), Input(1)
+    if e == x0:
+        return "identity"
+    if isinstance(e, Call) and e.op in ("mul", "add") and set(e.args) == {x0, x1}:
+        return "product" if e.op == "mul" else "sum"
+    if is_call(e, "mul") and x0 in e.args:
+        other = e.args[1] if e.args[0] == x0 else e.args[0]
+        if isinstance(other, Const | Var):
+            return "scale"
+    return None
+
+
+def scale_factor(e: Expr, variables: dict[str, float] | None = None) -> float:
+    """The constant c of a ``scale`` join c * x0."""
+    other = e.args[1] if e.args[0] == Input(0) else e.args[0]
+    if isinstance(other, Const):
+        return other.value
+    return _variable(other.name, variables)
+
+
+def _variable(name: str, variables: dict[str, float] | None) -> float:
+    if variables is None or name not in variables:
+        raise ExprError(f"run-time variable {name!r} was not given a value")
+    return float(variables[name])
+
+
+# ---------------------------------------------------------------- lowering
+
+
+class Compiled:
+    """A join lowered to a short sequence of numpy ufunc calls over ``out=`` buffers.
+
+    Temporaries are reused once dead, and single-ufunc steps run in place.
+    """
+
+    def __init__(self, e: Expr, input_dtypes: Sequence[str]) -> None:
+        self.expr = parse(e)
+        self.input_dtypes = tuple(input_dtypes)
+        self.dtype = result_dtype(self.expr, self.input_dtypes)
+        self.kind = classify(self.expr)
+        self._steps: list[tuple] = []
+        memo: dict[Expr, tuple] = {}
+        self._root = self._lower(self.expr, memo)
+        last_use: dict[int, int] = {}
+        for k, (_, args, _, _) in enumerate(self._steps):
+            for ref in args:
+                if ref[0] == "reg":
+                    last_use[ref[1]] = k
+        self._dies = [
+            [ref[1] for ref in args if ref[0] == "reg" and last_use[ref[1]] == k]
+            for k, (_, args, _, _) in enumerate(self._steps)
+        ]
+
+    def _lower(self, e: Expr, memo: dict[Expr, tuple]) -> tuple:
+        if e in memo:
+            return memo[e]
+        if isinstance(e, Input):
+            ref = ("in", e.index)
+        elif isinstance(e, Const):
+            ref = ("const", e.value)
+        elif isinstance(e, Var):
+            ref = ("var", e.name)
+        else:
+            args = tuple(self._lower(k, memo) for k in children(e))
+            dtype = dtype_of(e, self.input_dtypes) or self.dtype
+            if isinstance(e, Cast):
+                rule_kernel, inplace = _cast_kernel, False
+            else:
+                rule = OPS[e.op]
+                rule_kernel, inplace = rule.kernel, rule.inplace
+                if e.op == "pow":
+                    args = (args[0], ("scalar", e.args[1].value))
+            self._steps.append((rule_kernel, args, to_numpy(dtype), inplace))
+            ref = ("reg", len(self._steps) - 1)
+        memo[e] = ref
+        return ref
+
+    def __call__(
+        self,
+        *arrays: np.ndarray,
+        out: np.ndarray | None = None,
+        variables: dict[str, float] | None = None,
+    ) -> np.ndarray:
+        regs: dict[int, np.ndarray] = {}
+        pool: dict[tuple, list[np.ndarray]] = {}
+
+        def value(ref: tuple):
+            kind, v = ref
+            if kind == "in":
+                return arrays[v]
+            if kind == "reg":
+                return regs[v]
+            if kind == "var":
+                return _variable(v, variables)
+            return v
+
+        if self._root[0] != "reg":
+            result = value(self._root)
+            if out is None:
+                return np.array(result, dtype=to_numpy(self.dtype))
+            np.copyto(out, result, casting="unsafe")
+            return out
+        n = len(self._steps)
+        for k, (kernel, args, dtype, inplace) in enumerate(self._steps):
+            vals = [value(a) for a in args]
+            shape = np.broadcast_shapes(*(np.shape(v) for v in vals if not isinstance(v, float)))
+            key = (shape, dtype)
+            if inplace:
+                for r in self._dies[k]:
+                    pool.setdefault((regs[r].shape, regs[r].dtype), []).append(regs.pop(r))
+            if k == n - 1 and out is not None and out.shape == shape and out.dtype == dtype:
+                buf = out
+            elif pool.get(key):
+                buf = pool[key].pop()
+            else:
+                buf = np.empty(shape, dtype=dtype)
+            kernel(buf, *vals)
+            regs[k] = buf
+            if not inplace:
+                for r in self._dies[k]:
+                    pool.setdefault((regs[r].shape, regs[r].dtype), []).append(regs.pop(r))
+        result = regs[n - 1]
+        if out is not None and result is not out:
+            np.copyto(out, result, casting="unsafe")
+            return out
+        return result
+
+
+def _cast_kernel(out: np.ndarray, a: np.ndarray) -> None:
+    np.copyto(out, a, casting="unsafe")
+
+
+def compile_expr(e: Expr | str, input_dtypes: Sequence[str]) -> Compiled:
+    return Compiled(parse(e), input_dtypes)
