@@ -17,7 +17,7 @@ import numpy as np
 from einsummable.errors import ExprError
 from einsummable.ir.dtypes import DEFAULT, DTYPES, to_numpy
 from einsummable.ir.expr import ONE, ZERO, Call, Cast, Const, Expr, Input, Var, call, children
-from einsummable.ir.scalar_ops import INFIX, LINEAR_UNARY, OPS, Weak, is_call
+from einsummable.ir.scalar_ops import LINEAR_UNARY, OPS, Weak, is_call
 
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow"}
 _CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
@@ -237,7 +237,8 @@ def _fold(op: str, values: list[float | complex]) -> Const | None:
     if op == "pow":
         arrays[1] = values[1]
     complex_in = any(isinstance(v, complex) for v in values)
-    out = np.empty((), dtype=np.complex128 if complex_in and op not in ("abs", "real", "imag") else np.float64)
+    to_complex = complex_in and op not in ("abs", "real", "imag")
+    out = np.empty((), dtype=np.complex128 if to_complex else np.float64)
     with np.errstate(all="ignore"):
         try:
             rule.kernel(out, *arrays)

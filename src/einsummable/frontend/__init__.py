@@ -1,0 +1,1 @@
+"""The user-facing builders: they only append nodes to an EinGraph."""
