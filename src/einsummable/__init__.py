@@ -1,0 +1,49 @@
+"""Einsummable: say what to compute in an extended einsum language; the system plans,
+decomposes and runs it."""
+
+from einsummable.compile import Program, compile
+from einsummable.errors import (
+    DtypeError,
+    EinsummableError,
+    ExprError,
+    FeedError,
+    GraphError,
+    ShapeError,
+    SpecError,
+)
+from einsummable.frontend.core import (
+    Graph,
+    Tensor,
+    broadcast_to,
+    cast,
+    concat,
+    elementwise,
+    pad,
+    reduce,
+    reshape,
+    transpose,
+    where,
+)
+
+__all__ = [
+    "DtypeError",
+    "EinsummableError",
+    "ExprError",
+    "FeedError",
+    "Graph",
+    "GraphError",
+    "Program",
+    "ShapeError",
+    "SpecError",
+    "Tensor",
+    "broadcast_to",
+    "cast",
+    "compile",
+    "concat",
+    "elementwise",
+    "pad",
+    "reduce",
+    "reshape",
+    "transpose",
+    "where",
+]

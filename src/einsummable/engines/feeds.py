@@ -1,0 +1,71 @@
+"""Checking what a run is given, before any engine sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from einsummable.errors import FeedError
+from einsummable.ir.dtypes import to_numpy
+from einsummable.ir.graph import EinGraph, InputNode
+
+
+def check_feeds(
+    graph: EinGraph, feeds: Mapping[str, object], resident: frozenset[str] = frozenset()
+) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """Split feeds into graph inputs and run-time variables, or say what is wrong.
+
+    ``resident`` names inputs that an engine already holds and need not be fed.
+    """
+    if not isinstance(feeds, Mapping):
+        raise FeedError(f"feeds must be a dict of name -> array, got {type(feeds).__name__}")
+    inputs = {n.name: n for n in graph.nodes if isinstance(n, InputNode)}
+    variables = graph.variables()
+    extra = sorted(set(feeds) - set(inputs) - variables)
+    if extra:
+        raise FeedError(
+            f"unknown feed(s) {extra}; the graph's inputs are {sorted(inputs)}"
+            + (f" and its run-time variables {sorted(variables)}" if variables else "")
+        )
+    missing = sorted(set(inputs) - set(feeds) - resident)
+    if missing:
+        raise FeedError(f"missing input(s) {missing}; expected {_describe(inputs, missing)}")
+    missing_vars = sorted(variables - set(feeds))
+    if missing_vars:
+        raise FeedError(f"missing run-time variable(s) {missing_vars}; give each a number in the feeds")
+    arrays: dict[str, np.ndarray] = {}
+    for name, node in inputs.items():
+        if name not in feeds:
+            continue
+        arrays[name] = _check_array(name, node, feeds[name])
+    values: dict[str, float] = {}
+    for name in variables:
+        value = feeds[name]
+        if not isinstance(value, int | float | np.number) or isinstance(value, bool | np.bool_):
+            raise FeedError(f"run-time variable {name!r} must be a number, got {type(value).__name__}")
+        values[name] = float(value)
+    return arrays, values
+
+
+def _check_array(name: str, node: InputNode, value: object) -> np.ndarray:
+    want = to_numpy(node.dtype)
+    if isinstance(value, int | float) and not isinstance(value, bool) and node.shape == ():
+        return np.asarray(value, dtype=want)
+    if not isinstance(value, np.ndarray):
+        raise FeedError(
+            f"input {name!r} must be a numpy array of {node.dtype}{list(node.shape)}, "
+            f"got {type(value).__name__}"
+        )
+    if value.shape != node.shape:
+        raise FeedError(f"input {name!r} has shape {value.shape}, expected {node.shape}")
+    if value.dtype != want:
+        raise FeedError(
+            f"input {name!r} has dtype {value.dtype}, expected {node.dtype} ({want}); "
+            f"convert it with .astype({want.name!r})"
+        )
+    return value
+
+
+def _describe(inputs: dict[str, InputNode], names: list[str]) -> str:
+    return ", ".join(f"{n}: {inputs[n].dtype}{list(inputs[n].shape)}" for n in names)
