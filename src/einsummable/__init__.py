@@ -11,6 +11,7 @@ from einsummable.errors import (
     ShapeError,
     SpecError,
 )
+from einsummable.frontend import nn
 from einsummable.frontend.core import (
     Graph,
     Tensor,
@@ -24,6 +25,7 @@ from einsummable.frontend.core import (
     transpose,
     where,
 )
+from einsummable.frontend.einsum import einsum, matmul
 
 __all__ = [
     "DtypeError",
@@ -40,7 +42,10 @@ __all__ = [
     "cast",
     "compile",
     "concat",
+    "einsum",
     "elementwise",
+    "matmul",
+    "nn",
     "pad",
     "reduce",
     "reshape",
