@@ -100,7 +100,9 @@ def _sizes(spec: str, terms: list[str], operands: Sequence[Tensor]) -> dict[str,
             if known is None or known == 1:
                 sizes[ch] = n
             elif n not in (1, known):
-                raise ShapeError(f"index {ch!r} of einsum {spec!r} has two sizes: {known} and {n} (operand {k})")
+                raise ShapeError(
+                    f"index {ch!r} of einsum {spec!r} has two sizes: {known} and {n} (operand {k})"
+                )
     return sizes
 
 
@@ -126,7 +128,8 @@ def _diagonal(t: Tensor, term: str, ch: str) -> tuple[Tensor, str]:
     # join space: the output axes, then the second copy of ch as the summed index
     rank = len(out_term)
     x_idx = tuple(rank if d == second else (d if d < second else d - 1) for d in range(len(term)))
-    op = Einsummable(tuple(t.shape[d] for d in range(len(term)) if d != second) + (n,),
+    shape = (*(t.shape[d] for d in range(len(term)) if d != second), n)
+    op = Einsummable(shape,
                      (x_idx, (first, rank)), rank, scalar.parse("where(x1 == 0, x0, 0)"), "add",
                      (t.dtype, t.dtype))
     return apply(op, [t, mask]), out_term

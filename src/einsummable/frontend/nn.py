@@ -82,7 +82,7 @@ def rmsnorm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tenso
 
 def layernorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = None,
               eps: float = 1e-5) -> Tensor:
-    full, red, last = _specs(x, -1)
+    full, red, _ = _specs(x, -1)
     n = x.shape[-1]
     mean = x.mean(-1)
     var = einsum(f"{full},{red}->{red}", x, mean, join=f"(x0 - x1) ** 2 * {1.0 / n!r}", agg="add")
