@@ -27,7 +27,9 @@ def compiled(join: Expr, dtypes: tuple[str, ...]) -> scalar.Compiled:
 
 def einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None = None) -> np.ndarray:
     """Evaluate ``op`` on arrays shaped like its inputs; returns a fresh array."""
-    if op.is_contraction() or (len(op.inputs) == 1 and op.join == IDENTITY and op.agg in (None, "add")):
+    covered = set(range(op.out_rank)) <= {i for idx in op.inputs for i in idx}
+    plain = len(op.inputs) == 1 and op.join == IDENTITY and op.agg in (None, "add")
+    if covered and (op.is_contraction() or plain):
         subs = ",".join("".join(letter(i) for i in idx) for idx in op.inputs)
         out = "".join(letter(i) for i in range(op.out_rank))
         result = np.einsum(f"{subs}->{out}", *arrays, optimize=len(arrays) > 1)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from einsummable.errors import DtypeError, GraphError, ShapeError
 from einsummable.ir import scalar
+from einsummable.ir.dot import render, to_dot
 from einsummable.ir.dtypes import DEFAULT, canonical
 from einsummable.ir.einsummable import IDENTITY, Einsummable
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, substitute
@@ -77,6 +78,13 @@ class Graph:
 
     def __str__(self) -> str:
         return str(self.ir)
+
+    def to_dot(self) -> str:
+        return to_dot(self.ir)
+
+    def render(self, path: str) -> str:
+        """Draw the graph to an .svg/.png with Graphviz, or write .dot text without it."""
+        return str(render(to_dot(self.ir), path))
 
 
 def _shape(shape: Sequence[int]) -> tuple[int, ...]:
