@@ -9,7 +9,7 @@ import pytest
 import einsummable as es
 from einsummable.errors import DtypeError, FeedError, GraphError, ShapeError
 from einsummable.ir.einsummable import Einsummable
-from einsummable.ir.graph import NODE_KINDS, ComplexView, EinsumNode, InputNode, Select
+from einsummable.ir.graph import NODE_KINDS, EinsumNode, InputNode, Select
 
 
 def run(g, feeds):
@@ -125,14 +125,15 @@ def test_complex_view_round_trip():
     Z = np.arange(8, dtype=np.float32).reshape(2, 4)
     g = es.Graph()
     z = g.input("z", Z.shape)
-    c = g._add(ComplexView((z.id,), (2, 2), "c64"))
-    doubled = c * 2
-    back = g._add(ComplexView((doubled.id,), (2, 4), "f32"))
+    c = es.view_as_complex(z)
+    back = es.view_as_real(c * 2)
     g.output("c", c)
     g.output("back", back)
     out = run(g, {"z": Z})
     np.testing.assert_array_equal(out["c"], Z.view(np.complex64))
     np.testing.assert_array_equal(out["back"], 2 * Z)
+    with pytest.raises(ShapeError, match="2n"):
+        es.view_as_complex(g.input("odd", (3,)))
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32", "f64", "c64"])
@@ -174,7 +175,7 @@ def test_validation_names_the_bad_node():
 def test_every_node_kind_prints_and_validates():
     g = es.Graph()
     x = g.input("x", (2, 4))
-    c = g._add(ComplexView((x.id,), (2, 2), "c64"))
+    c = es.view_as_complex(x)
     parts = [x.sum(0), g.full((2,), 1.0), x[:, 1], x.reshape(8), c]
     for k, t in enumerate(parts):
         g.output(f"o{k}", t)

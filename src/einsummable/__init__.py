@@ -23,6 +23,8 @@ from einsummable.frontend.core import (
     reduce,
     reshape,
     transpose,
+    view_as_complex,
+    view_as_real,
     where,
 )
 from einsummable.frontend.einsum import einsum, matmul
@@ -50,5 +52,7 @@ __all__ = [
     "reduce",
     "reshape",
     "transpose",
+    "view_as_complex",
+    "view_as_real",
     "where",
 ]

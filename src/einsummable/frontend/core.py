@@ -16,6 +16,7 @@ from einsummable.ir.dtypes import DEFAULT, canonical
 from einsummable.ir.einsummable import IDENTITY, Einsummable
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, substitute
 from einsummable.ir.graph import (
+    ComplexView,
     Constant,
     EinGraph,
     EinsumNode,
@@ -455,6 +456,20 @@ def pad(x: Tensor, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Ten
         raise ShapeError(f"pad widths {widths} need one (before, after) pair per axis of {x.shape}")
     shape = tuple(n + a + b for n, (a, b) in zip(x.shape, widths, strict=True))
     return select(shape, [(x, tuple((0, n) for n in x.shape), tuple(a for a, _ in widths))], pad=value)
+
+
+def view_as_complex(x: Tensor) -> Tensor:
+    """``f32[..., 2n]`` as ``c64[..., n]``: pairs (re, im) along the last axis."""
+    if x.dtype != "f32" or not x.shape or x.shape[-1] % 2:
+        raise ShapeError(f"view_as_complex needs f32[..., 2n], got {x.dtype}{list(x.shape)}")
+    return x.graph._add(ComplexView((x.id,), (*x.shape[:-1], x.shape[-1] // 2), "c64"))
+
+
+def view_as_real(x: Tensor) -> Tensor:
+    """``c64[..., n]`` as ``f32[..., 2n]``."""
+    if x.dtype != "c64" or not x.shape:
+        raise ShapeError(f"view_as_real needs c64[..., n], got {x.dtype}{list(x.shape)}")
+    return x.graph._add(ComplexView((x.id,), (*x.shape[:-1], 2 * x.shape[-1]), "f32"))
 
 
 def where(cond: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:

@@ -1,0 +1,94 @@
+"""The Einsummable op: construction, shape inference, predicates, normalisation, block form."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from einsummable.engines import kernels
+from einsummable.errors import ExprError, ShapeError, SpecError
+from einsummable.ir import scalar
+from einsummable.ir.einsummable import Einsummable
+
+
+def test_from_spec_infers_shapes_and_defaults():
+    op = Einsummable.from_spec("ij,jk->ik", [(4, 5), (5, 6)])
+    assert op.join_shape == (4, 6, 5)
+    assert op.inputs == ((0, 2), (2, 1))
+    assert op.out_shape == (4, 6)
+    assert op.agg == "add"
+    assert op.dtype == "f32"
+    assert op.flops() == 2 * 4 * 5 * 6
+    assert str(op) == "ac,cb->ab x0 * x1 agg=add"
+
+
+def test_predicates():
+    assert Einsummable.from_spec("ij,jk->ik", [(2, 3), (3, 4)]).is_contraction()
+    assert Einsummable.from_spec("ij,ij->ij", [(2, 3), (2, 3)]).is_elementwise()
+    assert Einsummable.from_spec("ij->i", [(2, 3)], agg="max").is_reduction()
+    assert Einsummable((2, 3), ((1,),), 2, scalar.parse("x0"), None, ("f32",)).is_broadcast()
+    assert Einsummable.from_spec("ij->ji", [(2, 3)]).is_permutation()
+    assert not Einsummable.from_spec("ij->ij", [(2, 3)]).is_permutation()
+
+
+def test_errors_name_the_problem():
+    with pytest.raises(ShapeError, match="'j'.*3.*4"):
+        Einsummable.from_spec("ij,jk->ik", [(2, 3), (4, 5)])
+    with pytest.raises(SpecError, match="agg"):
+        Einsummable.from_spec("ij->i", [(2, 3)], join="exp(x0)")
+    with pytest.raises(SpecError, match="aggregates no index"):
+        Einsummable.from_spec("ij->ij", [(2, 3)], agg="add")
+    with pytest.raises(SpecError, match="unknown agg"):
+        Einsummable.from_spec("ij->i", [(2, 3)], agg="mean")
+    with pytest.raises(ExprError, match="x1"):
+        Einsummable.from_spec("ij->ij", [(2, 3)], join="x0 + x1")
+    with pytest.raises(SpecError, match="explicit output"):
+        Einsummable.from_spec("ij,jk", [(2, 3), (3, 4)])
+
+
+@st.composite
+def ops(draw):
+    rank = draw(st.integers(1, 5))
+    shape = tuple(draw(st.integers(1, 3)) for _ in range(rank))
+    out_rank = draw(st.integers(0, rank))
+    n = draw(st.integers(1, 2))
+    inputs = []
+    for _ in range(n):
+        idx = draw(st.permutations(range(rank)))[: draw(st.integers(1, rank))]
+        inputs.append(tuple(idx))
+    used = set().union(*map(set, inputs))
+    for i in range(out_rank, rank):
+        if i not in used:
+            inputs[0] = (*inputs[0], i)
+            used.add(i)
+    join = "x0 * x1" if n == 2 else "x0"
+    agg = draw(st.sampled_from(["add", "max"])) if out_rank < rank else None
+    return Einsummable(shape, tuple(inputs), out_rank, scalar.parse(join), agg, ("f64",) * n)
+
+
+@given(ops(), st.integers(0, 99))
+def test_merge_adjacent_preserves_the_result(op, seed):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s) for s in op.input_shapes]
+    merged, groups = op.merge_adjacent()
+    assert sum(len(g) for g in groups) == op.rank
+    assert merged.rank <= op.rank
+    reshaped = [a.reshape(s) for a, s in zip(arrays, merged.input_shapes, strict=True)]
+    got = kernels.einsum(merged, reshaped).reshape(op.out_shape)
+    np.testing.assert_allclose(got, kernels.einsum(op, arrays), rtol=1e-12)
+
+
+def test_merge_adjacent_merges_what_travels_together():
+    op = Einsummable.from_spec("abc,bcd->ad", [(2, 3, 4), (3, 4, 5)])
+    merged, groups = op.merge_adjacent()
+    assert merged.join_shape == (2, 5, 12)
+    assert groups == ((0,), (1,), (2, 3))
+
+
+def test_block_form_keeps_the_op_and_changes_the_sizes():
+    op = Einsummable.from_spec("ij,jk->ik", [(4, 6), (6, 8)])
+    block = op.block((2, 4, 3))
+    assert block.join == op.join and block.inputs == op.inputs
+    assert block.out_shape == (2, 4)
+    with pytest.raises(ShapeError):
+        op.block((2, 4))
