@@ -61,8 +61,9 @@ def ops(draw):
         if i not in used:
             inputs[0] = (*inputs[0], i)
             used.add(i)
-    join = "x0 * x1" if n == 2 else "x0"
-    agg = draw(st.sampled_from(["add", "max"])) if out_rank < rank else None
+    joins = ["x0 * x1", "x0 + x1", "max(x0, x1) * 2"] if n == 2 else ["x0", "exp(x0)", "x0 * x0"]
+    join = draw(st.sampled_from(joins))
+    agg = draw(st.sampled_from(["add", "max", "min", "mul"])) if out_rank < rank else None
     return Einsummable(shape, tuple(inputs), out_rank, scalar.parse(join), agg, ("f64",) * n)
 
 
@@ -92,3 +93,30 @@ def test_block_form_keeps_the_op_and_changes_the_sizes():
     assert block.out_shape == (2, 4)
     with pytest.raises(ShapeError):
         op.block((2, 4))
+
+
+@given(ops(), st.integers(0, 99), st.booleans())
+def test_fast_kernel_matches_the_reference_kernel(op, seed, into_out):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.standard_normal(s) for s in op.input_shapes]
+    out = np.full(op.out_shape, np.nan) if into_out else None
+    got = kernels.fast_einsum(op, arrays, out=out)
+    if into_out:
+        assert got is out
+    np.testing.assert_allclose(got, kernels.einsum(op, arrays), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec,shapes", [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("ij,kj->ik", [(3, 4), (5, 4)]),
+    ("abc,cd->abd", [(2, 3, 4), (4, 5)]),
+    ("ijk,jl->lk", [(2, 3, 4), (3, 5)]),
+    ("i,j->ij", [(3,), (4,)]),
+    ("ij,ij->", [(3, 4), (3, 4)]),
+    ("bhqd,bhkd->bhqk", [(2, 3, 4, 5), (2, 3, 6, 5)]),
+])
+def test_fast_contractions(spec, shapes):
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    op = Einsummable.from_spec(spec, shapes)
+    np.testing.assert_allclose(kernels.fast_einsum(op, arrays), np.einsum(spec, *arrays), rtol=1e-4, atol=1e-5)

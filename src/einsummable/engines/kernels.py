@@ -80,3 +80,74 @@ def fill(kind: FillKind, dtype: str, box: Box) -> np.ndarray:
 
 def whole(shape: Sequence[int]) -> Box:
     return tuple((0, n) for n in shape)
+
+
+def fast_einsum(
+    op: Einsummable,
+    arrays: Sequence[np.ndarray],
+    variables: dict | None = None,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """The engines' kernel: BLAS for contractions, compiled joins for the rest.
+
+    Contractions lower to transpose + reshape + ``np.matmul`` (batched GEMM),
+    which measured far faster here than ``np.einsum``. Writes into ``out`` when given.
+    """
+    if op.is_contraction():
+        result = _contract(op, arrays)
+    elif op.join == IDENTITY and len(op.inputs) == 1:
+        view = _align(arrays[0], op.inputs[0], op.rank)
+        result = REDUCE[op.agg].reduce(view, axis=op.aggregated) if op.agg else view
+    else:
+        views = [_align(a, idx, op.rank) for a, idx in zip(arrays, op.inputs, strict=True)]
+        fn = compiled(op.join, op.dtypes)
+        if op.agg is None and out is not None and out.shape == op.out_shape:
+            return fn(*views, out=out, variables=variables)
+        result = fn(*views, variables=variables)
+        if op.agg is not None:
+            result = REDUCE[op.agg].reduce(result, axis=op.aggregated)
+    if out is None:
+        out = np.empty(op.out_shape, dtype=to_numpy(op.dtype))
+    np.copyto(out, np.broadcast_to(result, op.out_shape), casting="unsafe")
+    return out
+
+
+def _contract(op: Einsummable, arrays: Sequence[np.ndarray]) -> np.ndarray:
+    (ia, ib), (a, b) = op.inputs, arrays
+    sa, sb, out = set(ia), set(ib), set(range(op.out_rank))
+    # indices summed inside one operand alone are reduced before the GEMM
+    a, ia = _presum(a, ia, sb | out)
+    b, ib = _presum(b, ib, sa | out)
+    sa, sb = set(ia), set(ib)
+    batch = [i for i in range(op.out_rank) if i in sa and i in sb]
+    left = [i for i in range(op.out_rank) if i in sa and i not in sb]
+    right = [i for i in range(op.out_rank) if i in sb and i not in sa]
+    inner = [i for i in ia if i in sb and i not in out]
+    size = op.join_shape
+    a3 = a.transpose([ia.index(i) for i in batch + left + inner]).reshape(
+        _prod(size, batch), _prod(size, left), _prod(size, inner)
+    )
+    b3 = b.transpose([ib.index(i) for i in batch + inner + right]).reshape(
+        _prod(size, batch), _prod(size, inner), _prod(size, right)
+    )
+    c = np.matmul(a3, b3)
+    order = batch + left + right
+    c = c.reshape([size[i] for i in order])
+    present = [i for i in range(op.out_rank) if i in order]
+    c = c.transpose([order.index(i) for i in present])
+    shape = [size[i] if i in order else 1 for i in range(op.out_rank)]
+    return c.reshape(shape)
+
+
+def _presum(a: np.ndarray, idx: tuple[int, ...], needed: set[int]) -> tuple[np.ndarray, tuple[int, ...]]:
+    lone = tuple(k for k, i in enumerate(idx) if i not in needed)
+    if not lone:
+        return a, idx
+    return a.sum(axis=lone), tuple(i for i in idx if i in needed)
+
+
+def _prod(size: tuple[int, ...], idx: list[int]) -> int:
+    n = 1
+    for i in idx:
+        n *= size[i]
+    return n
