@@ -119,4 +119,5 @@ def test_fast_contractions(spec, shapes):
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     op = Einsummable.from_spec(spec, shapes)
-    np.testing.assert_allclose(kernels.fast_einsum(op, arrays), np.einsum(spec, *arrays), rtol=1e-4, atol=1e-5)
+    expected = np.einsum(spec, *arrays)
+    np.testing.assert_allclose(kernels.fast_einsum(op, arrays), expected, rtol=1e-4, atol=1e-5)
