@@ -31,7 +31,7 @@ def _safe(children):
             lambda t: call("pow", t[0], Const(t[1]))
         ),
         children.map(lambda e: call("neg", e)),
-        st.sampled_from(["tanh", "sigmoid", "silu", "gelu"]).flatmap(
+        st.sampled_from(["tanh", "sigmoid", "silu", "gelu", "sin", "cos"]).flatmap(
             lambda op: bounded.map(lambda e: call(op, e))
         ),
     )
@@ -61,7 +61,7 @@ all_exprs = st.recursive(leaves, lambda c: st.one_of(_safe(c), _kinked(c)), max_
 _NP = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "rsqrt": lambda a: 1 / np.sqrt(a), "tanh": np.tanh,
+    "rsqrt": lambda a: 1 / np.sqrt(a), "tanh": np.tanh, "sin": np.sin, "cos": np.cos,
     "sigmoid": lambda a: 1 / (1 + np.exp(-a)), "silu": lambda a: a / (1 + np.exp(-a)),
     "relu": lambda a: np.maximum(a, 0), "min": np.minimum, "max": np.maximum,
     "gelu": lambda a: 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a**3))),

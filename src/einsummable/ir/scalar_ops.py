@@ -203,6 +203,8 @@ _ops = [
           lambda a: (_mul(Const(0.5), call("rsqrt", a[0])),)),
     OpRule("rsqrt", 1, _rsqrt, _unify,
           lambda a: (_mul(Const(-0.5), call("div", call("rsqrt", a[0]), a[0])),)),
+    OpRule("sin", 1, _ufunc(np.sin), _unify, lambda a: (call("cos", a[0]),)),
+    OpRule("cos", 1, _ufunc(np.cos), _unify, lambda a: (_neg(call("sin", a[0])),)),
     OpRule("tanh", 1, _ufunc(np.tanh), _unify,
           lambda a: (_sub(ONE, call("pow", call("tanh", a[0]), Const(2.0))),)),
     OpRule("sigmoid", 1, _sigmoid, _real_only,
