@@ -1,0 +1,186 @@
+"""Llama 2/3 in the Einsummable language, read top to bottom like the paper.
+
+Shapes use: b batch, s/q query positions, t key positions, d hidden, v vocab,
+g key-value heads, r query heads per kv head (GQA), c the two RoPE halves,
+j head_dim/2, k head_dim, f the MLP width. Heads and head_dim stay separate graph
+dimensions, so the planner can split by head. The file holds no parallelism.
+
+Weights use Hugging Face's names; their layouts are regrouped on load so that
+q_proj is [g, r, c, j, d] rather than [g*r*c*j, d] (see ``weights.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import einsummable as es
+from einsummable import Graph, Tensor, einsum, nn
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int = 256
+    hidden_size: int = 64
+    intermediate_size: int = 172
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise es.ShapeError(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads {self.num_key_value_heads}"
+            )
+        if self.head_dim % 2:
+            raise es.ShapeError(f"head_dim {self.head_dim} must be even for RoPE")
+
+    @property
+    def groups(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @staticmethod
+    def from_hf(config: dict) -> LlamaConfig:
+        names = {f.name for f in fields(LlamaConfig)}
+        kwargs = {k: v for k, v in config.items() if k in names}
+        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+        if "rope_theta" not in kwargs and "rope_theta" in rope:
+            kwargs["rope_theta"] = rope["rope_theta"]
+        return LlamaConfig(**kwargs)
+
+    def to_hf(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
+                   attention_bias=False, mlp_bias=False)
+        return out
+
+    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter in our layout, under its Hugging Face name."""
+        g, r, j, d = self.num_key_value_heads, self.groups, self.head_dim // 2, self.hidden_size
+        k, f, v = self.head_dim, self.intermediate_size, self.vocab_size
+        shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
+        for i in range(self.num_hidden_layers):
+            p = f"model.layers.{i}."
+            shapes |= {
+                p + "input_layernorm.weight": (d,),
+                p + "self_attn.q_proj.weight": (g, r, 2, j, d),
+                p + "self_attn.k_proj.weight": (g, 2, j, d),
+                p + "self_attn.v_proj.weight": (g, k, d),
+                p + "self_attn.o_proj.weight": (d, g, r, k),
+                p + "post_attention_layernorm.weight": (d,),
+                p + "mlp.gate_proj.weight": (f, d),
+                p + "mlp.up_proj.weight": (f, d),
+                p + "mlp.down_proj.weight": (d, f),
+            }
+        if not self.tie_word_embeddings:
+            shapes["lm_head.weight"] = (v, d)
+        return shapes
+
+
+def parameters(g: Graph, cfg: LlamaConfig, dtype: str = "f32") -> dict[str, Tensor]:
+    return {name: g.input(name, shape, dtype) for name, shape in cfg.parameter_shapes().items()}
+
+
+def embed(ids: Tensor, table: Tensor) -> Tensor:
+    """table[ids[b, s]] as an equality join: no tokens x vocab one-hot is formed.
+
+    ``ids`` holds token ids as floats; the kernels run this join as a gather.
+    """
+    vocab = ids.graph.ramp((table.shape[0],), steps=(1.0,), dtype=ids.dtype)
+    return einsum("bs,v,vd->bsd", ids, vocab, table, join="where(x0 == x1, x2, 0)", agg="add")
+
+
+def rope_rotation(pos: Tensor, cfg: LlamaConfig, scale: float = 1.0) -> Tensor:
+    """The 2x2 rotation per position and frequency: [b, s, j, c, c'] (rotate-half convention).
+
+    out[c] = sum_c' R[c, c'] x[c'], R = cos * I + sin * J, with J[c, c'] = c - c'.
+    """
+    g = pos.graph
+    half = cfg.head_dim // 2
+    freq = g.ramp((half,), steps=(1.0,), dtype=pos.dtype)
+    inv_freq = es.elementwise(f"exp(x0 * {-2.0 * math.log(cfg.rope_theta) / cfg.head_dim!r})", freq)
+    angle = einsum("bs,j->bsj", pos, inv_freq)                                   # [b, s, j]
+    sign = g.ramp((2, 2), steps=(1.0, -1.0), dtype=pos.dtype)                    # J = c - c'
+    return einsum("bsj,ce->bsjce", angle, sign,
+                  join=f"(cos(x0) * (1 - abs(x1)) + sin(x0) * x1) * {scale!r}")
+
+
+def causal_mask(g: Graph, seq: int, dtype: str = "f32") -> Tensor:
+    """0 where a query may see a key (t <= q), -inf elsewhere: [q, t]."""
+    return g.tril((seq, seq), inside=0.0, outside=-math.inf, dtype=dtype)
+
+
+def attention(x: Tensor, p: dict[str, Tensor], prefix: str, rot_q: Tensor, rot_k: Tensor,
+              mask: Tensor, cache: tuple[Tensor, Tensor] | None = None
+              ) -> tuple[Tensor, Tensor, Tensor]:
+    """Grouped-query attention; returns the output and this call's new keys and values."""
+    q = einsum("bsd,grcjd->bsgrcj", x, p[prefix + "q_proj.weight"])
+    q = einsum("bsgrej,bsjce->bsgrcj", q, rot_q)                    # RoPE, scaled by 1/sqrt(k)
+    k_new = einsum("bsd,gcjd->bsgcj", x, p[prefix + "k_proj.weight"])
+    k_new = einsum("bsgej,bsjce->bsgcj", k_new, rot_k)
+    v_new = einsum("bsd,gkd->bsgk", x, p[prefix + "v_proj.weight"])
+    keys, values = k_new, v_new
+    if cache is not None:
+        keys = es.concat([cache[0], k_new], axis=1)                   # [b, t, g, c, j]
+        values = es.concat([cache[1], v_new], axis=1)                 # [b, t, g, k]
+    scores = einsum("bqgrcj,btgcj->bgrqt", q, keys)
+    masked = einsum("bgrqt,bqt->bgrqt", scores, mask, join="x0 + x1")
+    probs = nn.softmax(masked, axis=-1)
+    out = einsum("bgrqt,btgk->bqgrk", probs, values)
+    return einsum("bqgrk,dgrk->bqd", out, p[prefix + "o_proj.weight"]), k_new, v_new
+
+
+def mlp(x: Tensor, p: dict[str, Tensor], prefix: str) -> Tensor:
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    gate = einsum("bsd,fd->bsf", x, p[prefix + "gate_proj.weight"])
+    up = einsum("bsd,fd->bsf", x, p[prefix + "up_proj.weight"])
+    act = einsum("bsf,bsf->bsf", gate, up, join="silu(x0) * x1")
+    return einsum("bsf,df->bsd", act, p[prefix + "down_proj.weight"])
+
+
+def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor,
+            cache: list[tuple[Tensor, Tensor]] | None = None
+            ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+    """Logits [b, s, v] and, per layer, the new (keys, values) for a KV cache.
+
+    ``mask`` is [b, s, t] (or [s, t]) of 0 / -inf over the keys: the cache's, then these.
+    """
+    if mask.ndim == 2:
+        mask = es.broadcast_to(mask, (ids.shape[0], *mask.shape))
+    eps = cfg.rms_norm_eps
+    rot_q = rope_rotation(pos, cfg, scale=1.0 / math.sqrt(cfg.head_dim))
+    rot_k = rope_rotation(pos, cfg)
+    h = embed(ids, p["model.embed_tokens.weight"])                     # [b, s, d]
+    new_cache = []
+    for i in range(cfg.num_hidden_layers):
+        prefix = f"model.layers.{i}."
+        x = nn.rmsnorm(h, p[prefix + "input_layernorm.weight"], eps)
+        a, k_new, v_new = attention(x, p, prefix + "self_attn.", rot_q, rot_k, mask,
+                                    cache[i] if cache else None)
+        h = h + a
+        h = h + mlp(nn.rmsnorm(h, p[prefix + "post_attention_layernorm.weight"], eps), p, prefix + "mlp.")
+        new_cache.append((k_new, v_new))
+    h = nn.rmsnorm(h, p["model.norm.weight"], eps)
+    head = p["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
+    return einsum("bsd,vd->bsv", h, head), new_cache
+
+
+def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32"
+               ) -> tuple[Graph, dict[str, Tensor], Tensor]:
+    """Next-token cross-entropy over all positions: inputs ``tokens`` [b, s+1] (as floats)."""
+    g = Graph()
+    p = parameters(g, cfg, dtype)
+    tokens = g.input("tokens", (batch, seq + 1))
+    ids, targets = tokens[:, :seq], tokens[:, 1:]
+    pos = g.ramp((batch, seq), steps=(0.0, 1.0))
+    logits, _ = forward(cfg, p, ids, pos, causal_mask(g, seq))
+    loss = nn.cross_entropy(logits.astype("f32") if dtype != "f32" else logits, targets)
+    return g, p, loss
