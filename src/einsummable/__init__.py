@@ -1,8 +1,10 @@
 """Einsummable: say what to compute in an extended einsum language; the system plans,
 decomposes and runs it."""
 
+from einsummable.autodiff import grad
 from einsummable.compile import Program, compile
 from einsummable.errors import (
+    AutodiffError,
     DtypeError,
     EinsummableError,
     ExprError,
@@ -30,6 +32,7 @@ from einsummable.frontend.core import (
 from einsummable.frontend.einsum import einsum, matmul
 
 __all__ = [
+    "AutodiffError",
     "DtypeError",
     "EinsummableError",
     "ExprError",
@@ -46,6 +49,7 @@ __all__ = [
     "concat",
     "einsum",
     "elementwise",
+    "grad",
     "matmul",
     "nn",
     "pad",

@@ -27,3 +27,7 @@ class GraphError(EinsummableError):
 
 class FeedError(EinsummableError):
     """A run was given a missing, extra, misshaped or wrongly typed input."""
+
+
+class AutodiffError(EinsummableError):
+    """A gradient was asked of something that cannot be differentiated as given."""
