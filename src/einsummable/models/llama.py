@@ -146,10 +146,10 @@ def mlp(x: Tensor, p: dict[str, Tensor], prefix: str) -> Tensor:
     return einsum("bsf,df->bsd", act, p[prefix + "down_proj.weight"])
 
 
-def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor,
+def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor,
             cache: list[tuple[Tensor, Tensor]] | None = None
             ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
-    """Logits [b, s, v] and, per layer, the new (keys, values) for a KV cache.
+    """Final hidden states [b, s, d] and, per layer, the new (keys, values) for a KV cache.
 
     ``mask`` is [b, s, t] (or [s, t]) of 0 / -inf over the keys: the cache's, then these.
     """
@@ -168,9 +168,18 @@ def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, ma
         h = h + a
         h = h + mlp(nn.rmsnorm(h, p[prefix + "post_attention_layernorm.weight"], eps), p, prefix + "mlp.")
         new_cache.append((k_new, v_new))
-    h = nn.rmsnorm(h, p["model.norm.weight"], eps)
+    return nn.rmsnorm(h, p["model.norm.weight"], eps), new_cache
+
+
+def lm_head(cfg: LlamaConfig, p: dict[str, Tensor], h: Tensor) -> Tensor:
+    """Logits [b, s, v], through the embedding itself when the head is tied."""
     head = p["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]
-    return einsum("bsd,vd->bsv", h, head), new_cache
+    return einsum("bsd,vd->bsv", h, head)
+
+
+def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor) -> Tensor:
+    h, _ = decoder(cfg, p, ids, pos, mask)
+    return lm_head(cfg, p, h)
 
 
 def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32"
@@ -181,6 +190,6 @@ def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32"
     tokens = g.input("tokens", (batch, seq + 1))
     ids, targets = tokens[:, :seq], tokens[:, 1:]
     pos = g.ramp((batch, seq), steps=(0.0, 1.0))
-    logits, _ = forward(cfg, p, ids, pos, causal_mask(g, seq))
+    logits = forward(cfg, p, ids, pos, causal_mask(g, seq))
     loss = nn.cross_entropy(logits.astype("f32") if dtype != "f32" else logits, targets)
     return g, p, loss
