@@ -7,7 +7,8 @@ from collections.abc import Callable
 import numpy as np
 
 import einsummable as es
-from einsummable.ir.graph import EinGraph
+from einsummable.frontend.core import Tensor
+from einsummable.ir.graph import EinGraph, InputNode
 
 EPS = 1e-6
 
@@ -31,18 +32,24 @@ def check_grads(
     rtol: float = 1e-5,
     atol: float = 1e-7,
     directions: int = 0,
+    fixed: tuple[str, ...] = (),
 ) -> dict[str, np.ndarray]:
-    """Build ``y = build(**inputs)``, take ``loss = <y, c>`` for a random c, and compare
-    ``es.grad`` with central differences: per element, or along random ``directions``
-    (the identity <J t, c> = <t, J^T c>) when that is nonzero. Returns the gradients."""
+    """Build ``y = build(**inputs)`` (it may add inputs of its own), take ``loss = <y, c>``
+    for a random c, and compare ``es.grad`` with central differences: per element, or
+    along random ``directions`` (the identity <J t, c> = <t, J^T c>) when that is nonzero.
+    Inputs named in ``fixed`` (class ids, masks) are fed but not differentiated.
+    Returns the gradients."""
     rng = np.random.default_rng(seed)
     g = es.Graph()
     ins = {name: g.input(name, shape, "f64") for name, shape in shapes.items()}
     y = build(**ins)
+    ins = {n.name: Tensor(g, nid) for nid, n in enumerate(g.ir.nodes) if isinstance(n, InputNode)}
+    shapes = {name: t.shape for name, t in ins.items()}
     c = g.input("cot", y.shape, "f64")
     loss = (y * c).sum() if y.shape else y * c
-    grads = es.grad(loss, list(ins.values()))
-    for name, t in zip(ins, grads, strict=True):
+    wrt = [n for n in ins if n not in fixed]
+    grads = es.grad(loss, [ins[n] for n in wrt])
+    for name, t in zip(wrt, grads, strict=True):
         assert t.shape == ins[name].shape and t.dtype == "f64"
         g.output(f"d_{name}", t)
     g.output("loss", loss)
@@ -56,7 +63,7 @@ def check_grads(
     def f(name: str, x: np.ndarray) -> float:
         return float(fwd.run({**feeds, name: x})["loss"])
 
-    for name in shapes:
+    for name in wrt:
         analytic = out[f"d_{name}"]
         x = feeds[name]
         if directions:
@@ -72,4 +79,4 @@ def check_grads(
             e[k] = EPS
             numeric[k] = (f(name, x + e) - f(name, x - e)) / (2 * EPS)
         np.testing.assert_allclose(analytic, numeric, rtol=rtol, atol=atol, err_msg=f"d/d{name}")
-    return {name: out[f"d_{name}"] for name in shapes}
+    return {name: out[f"d_{name}"] for name in wrt}

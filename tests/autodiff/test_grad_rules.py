@@ -310,3 +310,8 @@ def test_gradient_graph_validates_and_reads_no_partial():
                                     dtypes=("f64", "f64")), [x, w])
     es.grad(y.sum(), [x, w])
     g.ir.validate()
+
+
+def test_a_join_reading_one_subexpression_twice_runs():
+    """d/dx 0.5*x*x simplifies to 0.5*x + 0.5*x: the compiled join reads one register twice."""
+    check_grads(lambda x: es.elementwise("0.5 * x0 * x0", x), {"x": (3,)})

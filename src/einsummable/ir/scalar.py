@@ -414,8 +414,9 @@ class Compiled:
             for ref in args:
                 if ref[0] == "reg":
                     last_use[ref[1]] = k
+        # dict.fromkeys: a step may read one register twice, as in add(t, t); it dies once.
         self._dies = [
-            [ref[1] for ref in args if ref[0] == "reg" and last_use[ref[1]] == k]
+            list(dict.fromkeys(ref[1] for ref in args if ref[0] == "reg" and last_use[ref[1]] == k))
             for k, (_, args, _, _) in enumerate(self._steps)
         ]
 
