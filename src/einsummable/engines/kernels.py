@@ -30,6 +30,7 @@ def einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None
     covered = set(range(op.out_rank)) <= {i for idx in op.inputs for i in idx}
     plain = len(op.inputs) == 1 and op.join == IDENTITY and op.agg in (None, "add")
     if covered and (op.is_contraction() or plain):
+        arrays = _upcast(arrays)
         subs = ",".join("".join(letter(i) for i in idx) for idx in op.inputs)
         out = "".join(letter(i) for i in range(op.out_rank))
         result = np.einsum(f"{subs}->{out}", *arrays, optimize=len(arrays) > 1)
@@ -42,6 +43,11 @@ def einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None
         joined = REDUCE[op.agg].reduce(joined, axis=op.aggregated)
     joined = np.broadcast_to(joined, op.out_shape)
     return np.array(joined, dtype=to_numpy(op.dtype), copy=True)
+
+
+def _upcast(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Half-precision operands go to BLAS as f32: numpy has no f16/bf16 GEMM worth the name."""
+    return [a.astype(np.float32) if a.dtype.itemsize == 2 and a.dtype.kind != "i" else a for a in arrays]
 
 
 def _align(a: np.ndarray, idx: tuple[int, ...], rank: int) -> np.ndarray:
@@ -113,7 +119,7 @@ def fast_einsum(
 
 
 def _contract(op: Einsummable, arrays: Sequence[np.ndarray]) -> np.ndarray:
-    (ia, ib), (a, b) = op.inputs, arrays
+    (ia, ib), (a, b) = op.inputs, _upcast(arrays)
     sa, sb, out = set(ia), set(ib), set(range(op.out_rank))
     # indices summed inside one operand alone are reduced before the GEMM
     a, ia = _presum(a, ia, sb | out)

@@ -153,11 +153,13 @@ def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, ma
 
     ``mask`` is [b, s, t] (or [s, t]) of 0 / -inf over the keys: the cache's, then these.
     """
+    dtype = p["model.embed_tokens.weight"].dtype                       # f32, or bf16 weights
     if mask.ndim == 2:
         mask = es.broadcast_to(mask, (ids.shape[0], *mask.shape))
+    mask = mask.astype(dtype)
     eps = cfg.rms_norm_eps
-    rot_q = rope_rotation(pos, cfg, scale=1.0 / math.sqrt(cfg.head_dim))
-    rot_k = rope_rotation(pos, cfg)
+    rot_q = rope_rotation(pos, cfg, scale=1.0 / math.sqrt(cfg.head_dim)).astype(dtype)
+    rot_k = rope_rotation(pos, cfg).astype(dtype)
     h = embed(ids, p["model.embed_tokens.weight"])                     # [b, s, d]
     new_cache = []
     for i in range(cfg.num_hidden_layers):
