@@ -1,6 +1,7 @@
 """Einsummable: say what to compute in an extended einsum language; the system plans,
 decomposes and runs it."""
 
+from einsummable import train
 from einsummable.autodiff import grad
 from einsummable.compile import Program, compile
 from einsummable.errors import (
@@ -10,6 +11,7 @@ from einsummable.errors import (
     ExprError,
     FeedError,
     GraphError,
+    OptimizerError,
     ShapeError,
     SpecError,
 )
@@ -39,6 +41,7 @@ __all__ = [
     "FeedError",
     "Graph",
     "GraphError",
+    "OptimizerError",
     "Program",
     "ShapeError",
     "SpecError",
@@ -55,6 +58,7 @@ __all__ = [
     "pad",
     "reduce",
     "reshape",
+    "train",
     "transpose",
     "view_as_complex",
     "view_as_real",

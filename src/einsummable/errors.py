@@ -31,3 +31,7 @@ class FeedError(EinsummableError):
 
 class AutodiffError(EinsummableError):
     """A gradient was asked of something that cannot be differentiated as given."""
+
+
+class OptimizerError(EinsummableError):
+    """An optimizer was given something it cannot update: a non-input parameter, a bad hyperparameter."""

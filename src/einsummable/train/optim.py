@@ -1,0 +1,163 @@
+"""Optimizers as graph updates: forward, backward and update are one EinGraph.
+
+``adamw(loss, params, lr="lr")`` appends the gradient nodes (``es.grad``) and the
+update nodes to the loss's graph. Every parameter input ``w`` and every optimizer
+state input (``w.m``, ``w.v``, ``adam.step``, ...) gets an output of the *same name*
+holding its next value, so a training loop is ``state = step.carry(prog.run(feeds))``
+and an engine that keeps state resident can match outputs to inputs by name.
+
+A hyperparameter is a number, baked in as a constant, or a string, which names a
+run-time variable fed with each run: a learning-rate schedule needs no re-plan.
+
+    step = es.train.adamw(loss, [w, b], lr="lr", weight_decay=0.1)
+    prog = es.compile(g)
+    state = {"w": W, "b": B, **step.init_state()}
+    for t in range(100):
+        state = step.carry(prog.run({**state, "x": X, "lr": 1e-3 * min(1, t / 10)}))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from einsummable.autodiff import grad
+from einsummable.errors import OptimizerError
+from einsummable.frontend.core import Graph, Tensor, cast, elementwise, reduce
+from einsummable.ir.dtypes import to_numpy
+from einsummable.ir.graph import InputNode
+
+Hyper = float | str
+STEP = "adam.step"
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class TrainStep:
+    """What one training step reads and writes, by name."""
+
+    loss: str
+    params: tuple[str, ...]
+    state: tuple[StateSpec, ...]
+    variables: tuple[str, ...]
+
+    def init_state(self) -> dict[str, np.ndarray]:
+        """Zeros for every optimizer state input (moments, step counter)."""
+        return {s.name: np.zeros(s.shape, to_numpy(s.dtype)) for s in self.state}
+
+    def carry(self, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The next step's parameters and state, picked from one run's outputs."""
+        return {name: outputs[name] for name in (*self.params, *(s.name for s in self.state))}
+
+
+def clip_by_global_norm(grads: Sequence[Tensor], max_norm: Hyper) -> tuple[list[Tensor], Tensor]:
+    """Scale all gradients by ``min(1, max_norm / ||grads||)``; returns them and the norm."""
+    common = "f64" if any(g.dtype == "f64" for g in grads) else "f32"
+    squares = [cast(reduce(g, None, "add", join="x0 * x0"), common) for g in grads]
+    total = elementwise(" + ".join(f"x{k}" for k in range(len(squares))), *squares)
+    norm = elementwise("sqrt(x0)", total)
+    _check_hypers(clip_norm=max_norm)
+    scale = elementwise("min(1, x1 / (x0 + 1e-6))", norm, max_norm)
+    return [g * cast(scale, g.dtype) for g in grads], norm
+
+
+def sgd(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", momentum: Hyper = 0.0,
+        nesterov: bool = False, weight_decay: Hyper = 0.0, clip_norm: Hyper | None = None) -> TrainStep:
+    """SGD, optionally with (Nesterov) momentum and coupled L2 weight decay, as in PyTorch."""
+    _check_hypers(lr=lr, momentum=momentum, weight_decay=weight_decay)
+    graph, names, grads = _backward(loss, params, clip_norm)
+    state = []
+    for name, w, g in zip(names, params, grads, strict=True):
+        if weight_decay != 0:
+            g = elementwise("x0 + x2 * x1", g, w, weight_decay)
+        if momentum == 0:
+            graph.output(name, elementwise("x0 - x2 * x1", w, g, lr))
+            continue
+        buf = graph.input(f"{name}.momentum", w.shape, w.dtype)
+        state.append(StateSpec(buf.node.name, w.shape, w.dtype))
+        new_buf = elementwise("x2 * x0 + x1", buf, g, momentum)
+        direction = elementwise("x0 + x2 * x1", g, new_buf, momentum) if nesterov else new_buf
+        graph.output(buf.node.name, new_buf)
+        graph.output(name, elementwise("x0 - x2 * x1", w, direction, lr))
+    return _step(graph, names, state)
+
+
+def adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", betas: tuple[Hyper, Hyper] = (0.9, 0.999),
+         eps: Hyper = 1e-8, weight_decay: Hyper = 0.0, clip_norm: Hyper | None = None) -> TrainStep:
+    """Adam; ``weight_decay`` here is coupled L2 (added to the gradient), as in torch.optim.Adam."""
+    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=False)
+
+
+def adamw(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", betas: tuple[Hyper, Hyper] = (0.9, 0.999),
+          eps: Hyper = 1e-8, weight_decay: Hyper = 0.01, clip_norm: Hyper | None = None) -> TrainStep:
+    """AdamW: weight decay decoupled from the moments, ``w -= lr * (adam_update + wd * w)``."""
+    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=True)
+
+
+def _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled: bool) -> TrainStep:
+    b1, b2 = betas
+    _check_hypers(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay)
+    wd = weight_decay
+    graph, names, grads = _backward(loss, params, clip_norm)
+    step = graph.input(STEP, (), "f32")
+    state = [StateSpec(STEP, (), "f32")]
+    t = step + 1.0
+    graph.output(STEP, t)
+    # 1 - beta**t as 1 - exp(t log beta), since ** takes constant powers only; in f64, because
+    # 1 - 0.999 computed in f32 keeps only four digits.
+    corrections = [elementwise("1 - exp(x0 * log(x1))", cast(t, "f64"), b) for b in (b1, b2)]
+    for name, w, g in zip(names, params, grads, strict=True):
+        if wd != 0 and not decoupled:
+            g = elementwise("x0 + x2 * x1", g, w, wd)
+        m = graph.input(f"{name}.m", w.shape, w.dtype)
+        v = graph.input(f"{name}.v", w.shape, w.dtype)
+        state += [StateSpec(f"{name}.m", w.shape, w.dtype), StateSpec(f"{name}.v", w.shape, w.dtype)]
+        new_m = elementwise("x2 * x0 + (1 - x2) * x1", m, g, b1)
+        new_v = elementwise("x2 * x0 + (1 - x2) * (x1 * x1)", v, g, b2)
+        c1, c2 = (cast(c, w.dtype) for c in corrections)
+        adam_dir = "(x1 / x3) / (sqrt(x2 / x4) + x6)"
+        if wd != 0 and decoupled:
+            new_w = elementwise(f"x0 - x5 * ({adam_dir} + x7 * x0)", w, new_m, new_v, c1, c2, lr, eps, wd)
+        else:
+            new_w = elementwise(f"x0 - x5 * {adam_dir}", w, new_m, new_v, c1, c2, lr, eps)
+        graph.output(f"{name}.m", new_m)
+        graph.output(f"{name}.v", new_v)
+        graph.output(name, new_w)
+    return _step(graph, names, state)
+
+
+def _backward(loss: Tensor, params: Sequence[Tensor], clip_norm: Hyper | None
+              ) -> tuple[Graph, list[str], list[Tensor]]:
+    """Check the parameters, append the gradients (clipped if asked) and output the loss."""
+    graph = loss.graph
+    names = []
+    for k, p in enumerate(params):
+        if not isinstance(p, Tensor) or p.graph is not graph or not isinstance(p.node, InputNode):
+            raise OptimizerError(f"params[{k}] ({p!r}) must be an input of the loss's graph, made by g.input")
+        names.append(p.node.name)
+    if len(set(names)) != len(names):
+        raise OptimizerError(f"params name an input twice: {names}")
+    grads = grad(loss, list(params))
+    if clip_norm is not None:
+        grads, norm = clip_by_global_norm(grads, clip_norm)
+        graph.output("grad_norm", norm)
+    graph.output("loss", loss)
+    return graph, names, grads
+
+
+def _check_hypers(**hypers: object) -> None:
+    for what, value in hypers.items():
+        if not (isinstance(value, str) or (isinstance(value, int | float) and not isinstance(value, bool))):
+            raise OptimizerError(f"{what} must be a number or the name of a run-time variable, got {value!r}")
+
+
+def _step(graph: Graph, names: list[str], state: list[StateSpec]) -> TrainStep:
+    return TrainStep("loss", tuple(names), tuple(state), tuple(sorted(graph.ir.variables())))
