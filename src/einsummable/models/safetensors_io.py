@@ -71,7 +71,9 @@ def save(tensors: dict[str, np.ndarray], path: str | Path, metadata: dict[str, s
     offset = 0
     arrays = []
     for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
+        a = np.asarray(tensors[name])
+        if not a.flags.c_contiguous:  # not ascontiguousarray: it turns 0-d arrays into 1-d
+            a = a.copy(order="C")
         if a.dtype not in NAMES:
             raise CheckpointError(f"cannot save tensor {name!r} of dtype {a.dtype}")
         header[name] = {"dtype": NAMES[a.dtype], "shape": list(a.shape),

@@ -1,0 +1,184 @@
+"""The ``einsummable`` command: demo, train, generate and plan.
+
+Configuration is read here and nowhere else; everything below is plain arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, fields
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from einsummable.errors import EinsummableError
+from einsummable.generate import Generator
+from einsummable.models import tokenizer as tokenizers
+from einsummable.models import weights
+from einsummable.models.llama import LlamaConfig
+from einsummable.progress import Progress
+from einsummable.train.trainer import TrainConfig, Trainer, init_params
+
+DEMO_MODEL = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=300, lr=3e-3, min_lr=3e-4, warmup=30)
+
+
+def corpus() -> np.ndarray:
+    text = resources.files("einsummable").joinpath("data/corpus.txt").read_bytes()
+    return np.frombuffer(text, dtype=np.uint8)
+
+
+def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:
+    cfg, model = trainer.cfg, trainer.model
+    tokens_per_step = cfg.batch * cfg.seq * cfg.accum
+    n_params = sum(w.size for w in trainer.params.values())
+    print(f"training a {model.num_hidden_layers}-layer Llama (d={model.hidden_size}, "
+          f"{n_params:,} parameters), batch {cfg.batch} x seq {cfg.seq}, steps {trainer.step}..{cfg.steps}")
+    print(_summary(trainer.program.plan))
+    start, first = time.perf_counter(), trainer.step
+    with Progress(cfg.steps - trainer.step, "train", unit="step") as bar:
+        while trainer.step < cfg.steps:
+            loss = trainer.train_step()
+            rate = tokens_per_step * (trainer.step - first) / (time.perf_counter() - start)
+            bar.update(1, loss=loss, tok_s=f"{rate:,.0f}")
+            if trainer.step % save_every == 0 or trainer.step == cfg.steps:
+                trainer.save(out)
+    plot = plot_losses(trainer.losses, out / "loss.png")
+    print(f"saved the model, optimizer state and {plot.name} to {out}/")
+
+
+def _summary(plan: object) -> str:
+    summary = getattr(plan, "summary", None)
+    return summary() if callable(summary) else str(plan)
+
+
+def plot_losses(losses: list[float], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    ax.plot(np.arange(1, len(losses) + 1), losses, lw=1, label="loss")
+    if len(losses) >= 10:
+        k = max(2, len(losses) // 20)
+        smooth = np.convolve(losses, np.ones(k) / k, mode="valid")
+        ax.plot(np.arange(k, len(losses) + 1), smooth, lw=2, label=f"mean of {k}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/byte)")
+    ax.set_title("training loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def sample_text(model_dir: Path, prompt: str, max_new_tokens: int, temperature: float, top_p: float,
+                engine: str | None, workers: int | None, seed: int = 0) -> str:
+    cfg, params = weights.load(model_dir)
+    tok = tokenizers.load(model_dir)
+    ids = tok.encode(prompt)
+    gen = Generator(cfg, params, engine=engine, workers=workers)
+    stop = [tok.eos_id] if tok.eos_id is not None else []
+    new = gen.generate([ids], max_new_tokens, temperature=temperature, top_p=top_p,
+                       stop_tokens=stop, seed=seed)
+    return tok.decode(ids + new[0])
+
+
+# ------------------------------------------------------------ commands
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    train = TrainConfig(**(asdict(DEMO_TRAIN) | {"steps": args.steps}))
+    trainer = Trainer(DEMO_MODEL, init_params(DEMO_MODEL, seed=0), train, corpus(),
+                      engine=args.engine, workers=args.workers)
+    run_training(trainer, out)
+    first, last = np.mean(trainer.losses[:10]), np.mean(trainer.losses[-10:])
+    print(f"loss fell from {first:.3f} to {last:.3f} nats/byte")
+    for prompt in ("This License ", "You may "):
+        text = sample_text(out, prompt, 120, 0.8, 0.9, args.engine, args.workers)
+        print(f"\n--- sample ---\n{text}")
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    data = np.frombuffer(Path(args.data).read_bytes(), dtype=np.uint8) if args.data else corpus()
+    out = Path(args.out)
+    if args.resume:
+        trainer = Trainer.resume(args.resume, data, engine=args.engine, workers=args.workers)
+    else:
+        spec = json.loads(Path(args.config).read_text()) if args.config else {}
+        model = LlamaConfig(**(asdict(DEMO_MODEL) | spec.get("model", {})))
+        train = _train_config(spec.get("train", {}), args.steps)
+        trainer = Trainer(model, init_params(model, train.seed), train, data,
+                          engine=args.engine, workers=args.workers)
+    run_training(trainer, out)
+
+
+def _train_config(values: dict, steps: int | None) -> TrainConfig:
+    names = {f.name for f in fields(TrainConfig)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise EinsummableError(f"unknown training settings {unknown}; known: {sorted(names)}")
+    cfg = asdict(DEMO_TRAIN) | values
+    if steps is not None:
+        cfg["steps"] = steps
+    return TrainConfig(**cfg)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    print(sample_text(Path(args.model), args.prompt, args.max_new_tokens, args.temperature, args.top_p,
+                      args.engine, args.workers, args.seed))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="einsummable", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--workers", type=int, default=None, help="workers (default: all cores)")
+        p.add_argument("--engine", default=None, help="reference, or another compiled engine")
+
+    demo = sub.add_parser("demo", help="train a small byte-level Llama on the bundled corpus, then sample")
+    demo.add_argument("--steps", type=int, default=DEMO_TRAIN.steps)
+    demo.add_argument("--out", default="einsummable-demo")
+    common(demo)
+    demo.set_defaults(fn=cmd_demo)
+
+    train = sub.add_parser("train", help="train a Llama on a text file (byte-level)")
+    train.add_argument("--config", help='JSON: {"model": {...LlamaConfig}, "train": {...TrainConfig}}')
+    train.add_argument("--data", help="a text file (default: the bundled corpus)")
+    train.add_argument("--resume", help="a checkpoint directory written by train or demo")
+    train.add_argument("--steps", type=int, default=None)
+    train.add_argument("--out", default="einsummable-run")
+    common(train)
+    train.set_defaults(fn=cmd_train)
+
+    gen = sub.add_parser("generate", help="sample from a saved model")
+    gen.add_argument("--model", required=True, help="a directory with config.json and model.safetensors")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=100)
+    gen.add_argument("--temperature", type=float, default=0.8)
+    gen.add_argument("--top-p", type=float, default=0.9)
+    gen.add_argument("--seed", type=int, default=0)
+    common(gen)
+    gen.set_defaults(fn=cmd_generate)
+
+    args = parser.parse_args(argv)
+    try:
+        args.fn(args)
+    except EinsummableError as err:
+        print(f"einsummable: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

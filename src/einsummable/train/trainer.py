@@ -1,0 +1,169 @@
+"""Training a Llama: the data stream, the learning-rate schedule, steps and checkpoints.
+
+A step is one compiled program (forward, backward, AdamW). With gradient
+accumulation, a micro-step program returns gradients that the host sums, and an
+update program applies them: its objective is <g, w>, whose gradient is exactly
+the accumulated g, so clipping and AdamW are the optimizer's own. Batches are a
+pure function of (seed, step), so a resumed run sees the same data it would have.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from einsummable.autodiff import grad
+from einsummable.compile import compile
+from einsummable.frontend.core import Graph
+from einsummable.frontend.einsum import einsum
+from einsummable.ir.dtypes import to_numpy
+from einsummable.models import llama, safetensors_io, weights
+from einsummable.models.llama import LlamaConfig
+from einsummable.models.safetensors_io import CheckpointError
+from einsummable.train.optim import TrainStep, adamw
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    batch: int = 8
+    seq: int = 64
+    steps: int = 200
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    clip_norm: float | None = 1.0
+    accum: int = 1
+    seed: int = 0
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warmup, then cosine decay to ``min_lr`` at ``steps``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * frac))
+
+
+def batch_at(data: np.ndarray, cfg: TrainConfig, step: int, micro: int = 0) -> np.ndarray:
+    """Tokens [batch, seq + 1] at random offsets drawn from (seed, step, micro)."""
+    if len(data) < cfg.seq + 2:
+        raise CheckpointError(f"the data has {len(data)} tokens; need more than seq + 1 = {cfg.seq + 1}")
+    rng = np.random.default_rng([cfg.seed, step, micro])
+    starts = rng.integers(0, len(data) - cfg.seq - 1, cfg.batch)
+    return np.stack([data[s : s + cfg.seq + 1] for s in starts]).astype(np.float32)
+
+
+def init_params(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Normal(0, 0.02) weights and unit norms, as Hugging Face initialises Llama."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in cfg.parameter_shapes().items():
+        if name.endswith("norm.weight"):
+            params[name] = np.ones(shape, np.float32)
+        else:
+            params[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    return params
+
+
+class Trainer:
+    def __init__(self, model: LlamaConfig, params: dict[str, np.ndarray], cfg: TrainConfig,
+                 data: np.ndarray, *, engine: str | None = None, workers: int | None = None,
+                 opt_state: dict[str, np.ndarray] | None = None, step: int = 0) -> None:
+        self.model, self.cfg, self.data, self.step = model, cfg, data, step
+        options = {"engine": engine, "workers": workers}
+        if cfg.accum == 1:
+            g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq)
+            self.update = self._optimizer(g, p, loss)
+        else:
+            g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq)
+            for name, d in zip(p, grad(loss, list(p.values())), strict=True):
+                g.output("grad:" + name, d)
+            g.output("loss", loss)
+            self.micro = compile(g, **options)
+            u = Graph()
+            up = {name: u.input(name, w.shape, w.dtype) for name, w in p.items()}
+            objective = None
+            for name, w in up.items():
+                letters = "abcdefgh"[: w.ndim]
+                term = einsum(f"{letters},{letters}->", u.input("grad:" + name, w.shape, w.dtype), w)
+                objective = term if objective is None else objective + term
+            self.update = self._optimizer(u, up, objective)
+        self.program = compile(self.update_graph, **options)
+        self.state = dict(params) | (opt_state if opt_state is not None else self.update.init_state())
+        self.losses: list[float] = []
+
+    def _optimizer(self, g: Graph, p: dict, objective) -> TrainStep:
+        self.update_graph = g
+        c = self.cfg
+        return adamw(objective, list(p.values()), lr="lr", betas=(c.beta1, c.beta2),
+                     weight_decay=c.weight_decay, clip_norm=c.clip_norm)
+
+    @property
+    def params(self) -> dict[str, np.ndarray]:
+        return {name: self.state[name] for name in self.update.params}
+
+    def train_step(self) -> float:
+        """One optimizer step; returns the mean loss over its micro-batches."""
+        lr = lr_at(self.step, self.cfg)
+        if self.cfg.accum == 1:
+            tokens = batch_at(self.data, self.cfg, self.step)
+            out = self.program.run(self.state | {"tokens": tokens, "lr": lr})
+            loss = float(out["loss"])
+        else:
+            grads: dict[str, np.ndarray] = {}
+            total = 0.0
+            for m in range(self.cfg.accum):
+                tokens = batch_at(self.data, self.cfg, self.step, m)
+                out = self.micro.run(self.params | {"tokens": tokens})
+                total += float(out["loss"])
+                for name in self.update.params:
+                    d = out["grad:" + name] / self.cfg.accum
+                    grads[name] = grads[name] + d if name in grads else d
+            feeds = self.state | {"grad:" + n: d for n, d in grads.items()} | {"lr": lr}
+            out = self.program.run(feeds)
+            loss = total / self.cfg.accum
+        self.state = self.update.carry(out)
+        self.step += 1
+        self.losses.append(loss)
+        return loss
+
+    # ------------------------------------------------------------ checkpoints
+
+    def save(self, directory: str | Path) -> None:
+        """Weights in the Hugging Face layout, optimizer state, and where the run stands."""
+        directory = Path(directory)
+        weights.save(directory, self.model, self.params)
+        state = {s.name: self.state[s.name] for s in self.update.state}
+        safetensors_io.save(state, directory / "optimizer.safetensors")
+        meta = {"step": self.step, "train": asdict(self.cfg), "losses": self.losses}
+        (directory / "trainer.json").write_text(json.dumps(meta, indent=2))
+
+    @classmethod
+    def resume(cls, directory: str | Path, data: np.ndarray, **options) -> Trainer:
+        directory = Path(directory)
+        meta_path = directory / "trainer.json"
+        if not meta_path.exists():
+            raise CheckpointError(f"{directory}: no trainer.json; is this a training checkpoint?")
+        meta = json.loads(meta_path.read_text())
+        model, params = weights.load(directory)
+        cfg = TrainConfig(**meta["train"])
+        opt_state = safetensors_io.load(directory / "optimizer.safetensors")
+        trainer = cls(model, params, cfg, data, opt_state=opt_state, step=meta["step"], **options)
+        for spec in trainer.update.state:
+            have = opt_state.get(spec.name)
+            if have is None:
+                raise CheckpointError(f"{directory}: optimizer tensor {spec.name!r} is missing")
+            if have.shape != spec.shape or have.dtype != to_numpy(spec.dtype):
+                raise CheckpointError(
+                    f"{directory}: optimizer tensor {spec.name!r} is {have.dtype}{list(have.shape)}, "
+                    f"expected {spec.dtype}{list(spec.shape)}"
+                )
+        trainer.losses = list(meta.get("losses", []))
+        return trainer
