@@ -1,14 +1,19 @@
 """Every VJP rule against central finite differences, plus folding, tie and error behaviour."""
 
+import ast
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gradcheck import check_grads
 
 import einsummable as es
+from einsummable import nn
 from einsummable.autodiff import rules
 from einsummable.frontend.core import apply, select
+from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import AGGS, Einsummable
-from einsummable.ir.graph import NODE_KINDS
+from einsummable.ir.graph import NODE_KINDS, Reshape
 
 
 def run(g: es.Graph, feeds: dict) -> dict:
@@ -27,7 +32,7 @@ def test_every_aggregation_has_a_rule():
 
 
 def test_a_missing_rule_is_a_named_error(monkeypatch):
-    monkeypatch.delitem(rules.VJP, es.ir.graph.Reshape)
+    monkeypatch.delitem(rules.VJP, Reshape)
     g = es.Graph()
     x = g.input("x", (2, 3), "f64")
     with pytest.raises(es.AutodiffError, match="no VJP rule for node kind Reshape"):
@@ -315,3 +320,35 @@ def test_gradient_graph_validates_and_reads_no_partial():
 def test_a_join_reading_one_subexpression_twice_runs():
     """d/dx 0.5*x*x simplifies to 0.5*x + 0.5*x: the compiled join reads one register twice."""
     check_grads(lambda x: es.elementwise("0.5 * x0 * x0", x), {"x": (3,)})
+
+
+@pytest.mark.parametrize("f", [lambda x: (x.tanh() * x).sum(), lambda x: nn.logsumexp(x * x).sum(),
+                               lambda x: nn.softmax(x).max()])
+def test_second_order_gradients_are_gradients_too(f):
+    """Gradient nodes are ordinary nodes, so they differentiate again: a Hessian check."""
+    check_grads(lambda x: es.grad(f(x), [x])[0], {"x": (2, 3)})
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32"])
+def test_gradients_keep_low_precision_dtypes(dtype):
+    g = es.Graph()
+    x, w = g.input("x", (3, 4), dtype), g.input("w", (4, 5), dtype)
+    dx, dw = es.grad(nn.logsumexp(nn.rmsnorm(nn.matmul(x, w))).sum(), [x, w])
+    assert (dx.dtype, dw.dtype) == (dtype, dtype)
+    g.output("dx", dx)
+    g.output("dw", dw)
+    np_dtype = to_numpy(dtype)
+    out = run(g, {"x": np.ones((3, 4), np_dtype), "w": np.eye(4, 5, dtype=np_dtype)})
+    assert out["dx"].dtype == np_dtype and np.isfinite(out["dw"].astype(np.float32)).all()
+
+
+def test_autodiff_and_optimizers_import_no_engine():
+    """Gradients are graph nodes: nothing in autodiff or train/optim may reach downstream."""
+    root = Path(es.__file__).parent
+    for path in [*(root / "autodiff").glob("*.py"), root / "train" / "optim.py"]:
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        for name in names:
+            assert not name.startswith(("einsummable.engines", "einsummable.compile", "einsummable.plan",
+                                        "einsummable.lower")), f"{path.name} imports {name}"
