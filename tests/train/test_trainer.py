@@ -1,5 +1,6 @@
 """Training a tiny byte-level Llama: the loss falls, resume continues the curve, checkpoints fail loudly."""
 
+import itertools
 import json
 
 import numpy as np
@@ -10,14 +11,15 @@ from einsummable.models import safetensors_io
 from einsummable.models.llama import LlamaConfig
 from einsummable.models.safetensors_io import CheckpointError
 from einsummable.train import trainer as trainer_mod
-from einsummable.train.trainer import Trainer, TrainConfig, init_params, lr_at
+from einsummable.train.trainer import TrainConfig, Trainer, init_params, lr_at
 
 TINY = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                    num_attention_heads=2, num_key_value_heads=1)
 
 
 def make(steps=40, **kw):
-    cfg = TrainConfig(**({"batch": 8, "seq": 32, "steps": steps, "lr": 1e-2, "min_lr": 1e-3, "warmup": 5} | kw))
+    base = {"batch": 8, "seq": 32, "steps": steps, "lr": 1e-2, "min_lr": 1e-3, "warmup": 5}
+    cfg = TrainConfig(**(base | kw))
     return Trainer(TINY, init_params(TINY, seed=1), cfg, cli.corpus(), engine="reference")
 
 
@@ -66,7 +68,7 @@ def test_schedule_warms_up_then_decays():
     assert lr_at(55, cfg) == pytest.approx(0.55)
     assert lr_at(100, cfg) == pytest.approx(0.1)
     values = [lr_at(s, cfg) for s in range(10, 101)]
-    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+    assert all(a >= b for a, b in itertools.pairwise(values))
 
 
 def test_mismatched_optimizer_state_names_the_tensor(tmp_path):
@@ -90,8 +92,8 @@ def test_cli_demo_trains_saves_plots_and_samples(tmp_path, capsys):
     for f in ("config.json", "model.safetensors", "optimizer.safetensors", "trainer.json", "loss.png"):
         assert (tmp_path / "demo" / f).exists(), f
     assert (tmp_path / "demo" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    code = cli.main(["generate", "--model", str(tmp_path / "demo"), "--prompt", "GNU", "--max-new-tokens", "5",
-                     "--engine", "reference"])
+    code = cli.main(["generate", "--model", str(tmp_path / "demo"), "--prompt", "GNU",
+                     "--max-new-tokens", "5", "--engine", "reference"])
     assert code == 0
     assert capsys.readouterr().out.startswith("GNU")
 
