@@ -43,7 +43,7 @@ def grad(loss: Tensor, wrt: Sequence[Tensor], seed: Tensor | None = None) -> lis
         done[nid] = g
         node = nodes[nid]
         wants = tuple(relevant[i] for i in node.inputs)
-        if not any(wants):
+        if not any(wants) or (isinstance(g, Uniform) and g.value == 0):
             continue
         for i, c in zip(node.inputs, _rule(node, nid)(fw, nid, g, wants), strict=True):
             if c is not None:
