@@ -352,3 +352,12 @@ def test_autodiff_and_optimizers_import_no_engine():
         for name in names:
             assert not name.startswith(("einsummable.engines", "einsummable.compile", "einsummable.plan",
                                         "einsummable.lower")), f"{path.name} imports {name}"
+
+
+def test_a_uniform_cotangent_through_a_pad_stays_uniform():
+    g = es.Graph()
+    x = g.input("x", (2, 3), "f64")
+    total = es.pad(x, [(1, 1), (2, 0)]).sum()
+    n = len(g.ir)
+    (dx,) = es.grad(total, [x])
+    assert len(g.ir) == n + 1 and dx.node.kind.value == 1.0

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from einsummable.autodiff.cotangent import Cot, Forward, Uniform, materialize, total
 from einsummable.errors import AutodiffError
-from einsummable.frontend.core import apply, reshape, select, view_as_complex, view_as_real
+from einsummable.frontend.core import Tensor, apply, reshape, select, view_as_complex, view_as_real
 from einsummable.ir import scalar
 from einsummable.ir.dtypes import COMPLEX, real_of
 from einsummable.ir.einsummable import Einsummable
@@ -85,15 +85,22 @@ def _select(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:
     node = fw.nodes[nid]
     visible = _visible(node.pieces)
     grads: list[Cot | None] = []
+    materialized: list[Tensor] = []
     for j, src_id in enumerate(node.inputs):
         items = [(box, _source_offset(p, box)) for p, box in visible if p.input == j]
         if not wants[j] or not items:
             grads.append(None)
             continue
-        gt = materialize(fw.graph, g)
         shape = fw.nodes[src_id].shape
         parts: list[Cot] = []
         for group in _disjoint_groups(items):
+            covers = sum(_volume(b) for b, _ in group) == math.prod(shape)
+            if isinstance(g, Uniform) and covers:
+                parts.append(Uniform(g.value, shape, g.dtype))
+                continue
+            if not materialized:
+                materialized.append(materialize(fw.graph, g))
+            gt = materialized[0]
             if gt.shape == shape and group == [(_whole(shape), (0,) * len(shape))]:
                 parts.append(gt)
             else:
