@@ -121,3 +121,28 @@ def test_fast_contractions(spec, shapes):
     op = Einsummable.from_spec(spec, shapes)
     expected = np.einsum(spec, *arrays)
     np.testing.assert_allclose(kernels.fast_einsum(op, arrays), expected, rtol=1e-4, atol=1e-5)
+
+
+@st.composite
+def gather_ops(draw):
+    rank = draw(st.integers(1, 4))
+    shape = tuple(draw(st.integers(1, 3)) for _ in range(rank))
+    out_rank = draw(st.integers(0, rank))
+    inputs = [tuple(draw(st.permutations(range(rank)))[: draw(st.integers(0, rank))]) for _ in range(3)]
+    used = set().union(*map(set, inputs))
+    for i in range(out_rank, rank):
+        if i not in used:
+            inputs[2] = (*inputs[2], i)
+    a, b, c = draw(st.permutations([0, 1, 2]))
+    join = scalar.parse(f"where(x{a} == x{b}, x{c}, 0)")
+    agg = "add" if out_rank < rank else None
+    return Einsummable(shape, tuple(inputs), out_rank, join, agg, ("f64",) * 3)
+
+
+@given(gather_ops(), st.integers(0, 99))
+def test_equality_gather_kernel_matches_the_reference(op, seed):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.integers(0, 2, s).astype(np.float64) for s in op.input_shapes]
+    arrays = [a + rng.standard_normal(a.shape) * (k == 2) for k, a in enumerate(arrays)]
+    expected = kernels.einsum(op, arrays)
+    np.testing.assert_allclose(kernels.fast_einsum(op, arrays), expected, rtol=1e-12, atol=1e-12)

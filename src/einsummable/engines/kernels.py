@@ -14,7 +14,8 @@ import numpy as np
 from einsummable.ir import scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
-from einsummable.ir.expr import Expr
+from einsummable.ir.expr import ZERO, Expr, Input
+from einsummable.ir.scalar_ops import is_call
 from einsummable.ir.graph import Box, Constant, FillKind, Ramp, Tril
 
 REDUCE = {"add": np.add, "mul": np.multiply, "min": np.minimum, "max": np.maximum}
@@ -99,8 +100,11 @@ def fast_einsum(
     Contractions lower to transpose + reshape + ``np.matmul`` (batched GEMM),
     which measured far faster here than ``np.einsum``. Writes into ``out`` when given.
     """
+    match = _equality_gather(op)
     if op.is_contraction():
         result = _contract(op, arrays)
+    elif match is not None:
+        result = _gather(op, arrays, *match)
     elif op.join == IDENTITY and len(op.inputs) == 1:
         view = _align(arrays[0], op.inputs[0], op.rank)
         result = REDUCE[op.agg].reduce(view, axis=op.aggregated) if op.agg else view
@@ -157,3 +161,53 @@ def _prod(size: tuple[int, ...], idx: list[int]) -> int:
     for i in idx:
         n *= size[i]
     return n
+
+
+def _equality_gather(op: Einsummable) -> tuple[int, int, int] | None:
+    """Match ``sum where(xa == xb, xc, 0)``: an embedding lookup or its scatter-add gradient."""
+    e = op.join
+    if op.agg != "add" or len(op.inputs) != 3 or not is_call(e, "where"):
+        return None
+    cond, then, other = e.args
+    if not (is_call(cond, "eq") and other == ZERO and isinstance(then, Input)):
+        return None
+    a, b = cond.args
+    if not (isinstance(a, Input) and isinstance(b, Input)):
+        return None
+    if len({a.index, b.index, then.index}) != 3 or not (op.inputs[a.index] or op.inputs[b.index]):
+        return None
+    return a.index, b.index, then.index
+
+
+def _gather(op: Einsummable, arrays: Sequence[np.ndarray], a: int, b: int, c: int) -> np.ndarray:
+    """Find the (few) places where xa == xb, then gather xc there and scatter-add into the output.
+
+    Costs |xa x xb| comparisons plus the gathered bytes, not the join space: an
+    embedding of t tokens from a v x d table never touches t x v x d.
+    """
+    rank, outs = op.rank, set(range(op.out_rank))
+    m_idx = sorted(set(op.inputs[a]) | set(op.inputs[b]))
+    mask = _align(arrays[a], op.inputs[a], rank) == _align(arrays[b], op.inputs[b], rank)
+    mask = np.broadcast_to(mask, [op.join_shape[i] if i in m_idx else 1 for i in range(rank)])
+    coords = dict(zip(m_idx, np.nonzero(mask.reshape([op.join_shape[i] for i in m_idx])), strict=True))
+    c_idx = op.inputs[c]
+    xc = arrays[c]
+    summed = tuple(k for k, i in enumerate(c_idx) if i not in outs and i not in coords)
+    if summed:
+        xc = xc.sum(axis=summed)
+        c_idx = tuple(i for i in c_idx if i in outs or i in coords)
+    fixed_c = [i for i in c_idx if i in coords]
+    free = [i for i in c_idx if i not in coords]
+    xc = xc.transpose([c_idx.index(i) for i in fixed_c + free])
+    gathered = xc[tuple(coords[i] for i in fixed_c)]
+    if not fixed_c:
+        gathered = np.broadcast_to(gathered, (len(next(iter(coords.values()))), *gathered.shape))
+    fixed_out = [i for i in range(op.out_rank) if i in coords]
+    if fixed_out:
+        target = np.zeros([op.join_shape[i] for i in fixed_out + free], dtype=gathered.dtype)
+        np.add.at(target, tuple(coords[i] for i in fixed_out), gathered)
+    else:
+        target = gathered.sum(axis=0)
+    present = fixed_out + free
+    target = target.transpose([present.index(i) for i in sorted(present)])
+    return target.reshape([op.join_shape[i] if i in present else 1 for i in range(op.out_rank)])
