@@ -15,8 +15,8 @@ from einsummable.ir import scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
 from einsummable.ir.expr import ZERO, Expr, Input
-from einsummable.ir.scalar_ops import is_call
 from einsummable.ir.graph import Box, Constant, FillKind, Ramp, Tril
+from einsummable.ir.scalar_ops import is_call
 
 REDUCE = {"add": np.add, "mul": np.multiply, "min": np.minimum, "max": np.maximum}
 
