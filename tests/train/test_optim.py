@@ -158,3 +158,13 @@ def test_an_mlp_learns(optimizer, lr, factor):
         losses.append(float(out["loss"]))
         state = step.carry(out)
     assert losses[0] / losses[-1] > factor, f"{optimizer}: loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+
+
+def test_every_adam_hyperparameter_can_be_a_run_time_variable():
+    g, w, loss = quadratic()
+    step = es.train.adamw(loss, [w], lr="lr", betas=("b1", "b2"), eps="eps", weight_decay="wd")
+    assert step.variables == ("b1", "b2", "eps", "lr", "wd")
+    history, _ = run_steps(g, step, W0, T, LRS, extra={"b1": 0.8, "b2": 0.99, "eps": 1e-6, "wd": 0.1})
+    want = _adam_ref(W0, LRS, 0.1, decoupled=True, b1=0.8, b2=0.99, eps=1e-6)
+    for got, ref in zip(history, want, strict=True):
+        np.testing.assert_allclose(got, ref, rtol=1e-12)

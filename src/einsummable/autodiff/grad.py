@@ -27,6 +27,7 @@ def grad(loss: Tensor, wrt: Sequence[Tensor], seed: Tensor | None = None) -> lis
 
     ``loss`` must be a real scalar unless ``seed`` (the cotangent of ``loss``, of its
     shape and dtype) is given. A ``wrt`` that ``loss`` does not depend on gets zeros.
+    Through a max or min, tied elements split the gradient equally (see ``rules``).
     """
     graph = _check(loss, wrt, seed)
     nodes = tuple(graph.ir.nodes)
