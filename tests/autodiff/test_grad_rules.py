@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gradcheck import check_grads
+from gradcheck import check_grads, loss_only
 
 import einsummable as es
 from einsummable import nn
@@ -226,6 +226,13 @@ def test_complex_view_and_a_holomorphic_complex_join():
     np.testing.assert_allclose(out["dx"][:, 1::2], want.imag, rtol=1e-4)
     xc = X[:, 0::2] + 1j * X[:, 1::2]
     np.testing.assert_allclose(out["dw"], 2 * np.conj(xc * (1 - 2j)) * zc, rtol=1e-4)
+    # and central differences: exact for a quadratic up to f32 rounding
+    fwd = loss_only(g, loss)
+    t = rng.standard_normal((3, 4)).astype(np.float32)
+    eps = np.float32(1e-2)
+    up, down = (fwd.run({"x": X + s * eps * t, "w": W})["loss"] for s in (1, -1))
+    numeric = (up - down) / (2 * eps)
+    np.testing.assert_allclose(np.vdot(out["dx"], t), numeric, rtol=1e-3)
 
 
 def test_non_holomorphic_complex_joins_are_refused():
