@@ -102,10 +102,10 @@ def adamw(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", betas: tuple
     return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=True)
 
 
-def _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled: bool) -> TrainStep:
+def _adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper, betas: tuple[Hyper, Hyper], eps: Hyper,
+          wd: Hyper, clip_norm: Hyper | None, decoupled: bool) -> TrainStep:
     b1, b2 = betas
-    _check_hypers(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=weight_decay)
-    wd = weight_decay
+    _check_hypers(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd)
     graph, names, grads = _backward(loss, params, clip_norm)
     step = graph.input(STEP, (), "f32")
     state = [StateSpec(STEP, (), "f32")]
@@ -114,6 +114,7 @@ def _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled: bool
     # 1 - beta**t as 1 - exp(t log beta), since ** takes constant powers only; in f64, because
     # 1 - 0.999 computed in f32 keeps only four digits.
     corrections = [elementwise("1 - exp(x0 * log(x1))", cast(t, "f64"), b) for b in (b1, b2)]
+    by_dtype: dict[str, list[Tensor]] = {}
     for name, w, g in zip(names, params, grads, strict=True):
         if wd != 0 and not decoupled:
             g = elementwise("x0 + x2 * x1", g, w, wd)
@@ -122,7 +123,9 @@ def _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled: bool
         state += [StateSpec(f"{name}.m", w.shape, w.dtype), StateSpec(f"{name}.v", w.shape, w.dtype)]
         new_m = elementwise("x2 * x0 + (1 - x2) * x1", m, g, b1)
         new_v = elementwise("x2 * x0 + (1 - x2) * (x1 * x1)", v, g, b2)
-        c1, c2 = (cast(c, w.dtype) for c in corrections)
+        if w.dtype not in by_dtype:
+            by_dtype[w.dtype] = [cast(c, w.dtype) for c in corrections]
+        c1, c2 = by_dtype[w.dtype]
         adam_dir = "(x1 / x3) / (sqrt(x2 / x4) + x6)"
         if wd != 0 and decoupled:
             new_w = elementwise(f"x0 - x5 * ({adam_dir} + x7 * x0)", w, new_m, new_v, c1, c2, lr, eps, wd)
