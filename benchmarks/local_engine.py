@@ -10,13 +10,12 @@ import argparse
 import os
 
 import numpy as np
-from common import median_time, report
 
 import einsummable as es
+from common import median_time, report
 
 
 def _dask_matmul_chain(arrays, chunks, build):
-    import dask
     import dask.array as da
 
     ds = [da.from_array(a, chunks=chunks) for a in arrays]
