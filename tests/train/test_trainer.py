@@ -60,6 +60,17 @@ def test_accumulation_equals_one_big_batch(monkeypatch):
         np.testing.assert_allclose(accum.params[name], one.params[name], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+def test_activation_checkpointing_changes_nothing_but_memory():
+    from einsummable.autodiff.remat import peak_bytes
+
+    plain, remat = make(steps=3), make(steps=3, remat=True)
+    np.testing.assert_array_equal([plain.train_step() for _ in range(3)], [remat.train_step() for _ in range(3)])
+    for name in plain.params:
+        np.testing.assert_array_equal(plain.params[name], remat.params[name])
+    assert len(remat.program.graph) > len(plain.program.graph)
+    assert peak_bytes(remat.program.graph) < peak_bytes(plain.program.graph)
+
+
 def test_schedule_warms_up_then_decays():
     cfg = TrainConfig(steps=100, warmup=10, lr=1.0, min_lr=0.1)
     assert lr_at(0, cfg) == pytest.approx(0.1)

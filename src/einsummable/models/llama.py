@@ -147,11 +147,13 @@ def mlp(x: Tensor, p: dict[str, Tensor], prefix: str) -> Tensor:
 
 
 def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor,
-            cache: list[tuple[Tensor, Tensor]] | None = None
+            cache: list[tuple[Tensor, Tensor]] | None = None, residuals: list[Tensor] | None = None
             ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
     """Final hidden states [b, s, d] and, per layer, the new (keys, values) for a KV cache.
 
     ``mask`` is [b, s, t] (or [s, t]) of 0 / -inf over the keys: the cache's, then these.
+    ``residuals``, when given, collects the residual stream after each layer (the
+    natural activation checkpoints).
     """
     dtype = p["model.embed_tokens.weight"].dtype                       # f32, or bf16 weights
     if mask.ndim == 2:
@@ -170,6 +172,8 @@ def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, ma
         h = h + a
         h = h + mlp(nn.rmsnorm(h, p[prefix + "post_attention_layernorm.weight"], eps), p, prefix + "mlp.")
         new_cache.append((k_new, v_new))
+        if residuals is not None:
+            residuals.append(h)
     return nn.rmsnorm(h, p["model.norm.weight"], eps), new_cache
 
 
@@ -179,19 +183,20 @@ def lm_head(cfg: LlamaConfig, p: dict[str, Tensor], h: Tensor) -> Tensor:
     return einsum("bsd,vd->bsv", h, head)
 
 
-def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor) -> Tensor:
-    h, _ = decoder(cfg, p, ids, pos, mask)
+def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor,
+            residuals: list[Tensor] | None = None) -> Tensor:
+    h, _ = decoder(cfg, p, ids, pos, mask, residuals=residuals)
     return lm_head(cfg, p, h)
 
 
-def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32"
-               ) -> tuple[Graph, dict[str, Tensor], Tensor]:
+def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
+               residuals: list[Tensor] | None = None) -> tuple[Graph, dict[str, Tensor], Tensor]:
     """Next-token cross-entropy over all positions: inputs ``tokens`` [b, s+1] (as floats)."""
     g = Graph()
     p = parameters(g, cfg, dtype)
     tokens = g.input("tokens", (batch, seq + 1))
     ids, targets = tokens[:, :seq], tokens[:, 1:]
     pos = g.ramp((batch, seq), steps=(0.0, 1.0))
-    logits = forward(cfg, p, ids, pos, causal_mask(g, seq))
+    logits = forward(cfg, p, ids, pos, causal_mask(g, seq), residuals)
     loss = nn.cross_entropy(logits.astype("f32") if dtype != "f32" else logits, targets)
     return g, p, loss

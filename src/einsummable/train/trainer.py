@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from einsummable.autodiff import grad
+from einsummable.autodiff.remat import rematerialize
 from einsummable.compile import compile
 from einsummable.frontend.core import Graph
 from einsummable.frontend.einsum import einsum
@@ -41,6 +42,7 @@ class TrainConfig:
     clip_norm: float | None = 1.0
     accum: int = 1
     seed: int = 0
+    remat: bool = False  # recompute each layer's activations in the backward, from its input
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -78,15 +80,15 @@ class Trainer:
                  opt_state: dict[str, np.ndarray] | None = None, step: int = 0) -> None:
         self.model, self.cfg, self.data, self.step = model, cfg, data, step
         options = {"engine": engine, "workers": workers}
+        residuals: list = []
+        g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, residuals=residuals)
         if cfg.accum == 1:
-            g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq)
             self.update = self._optimizer(g, p, loss)
         else:
-            g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq)
             for name, d in zip(p, grad(loss, list(p.values())), strict=True):
                 g.output("grad:" + name, d)
             g.output("loss", loss)
-            self.micro = compile(g, **options)
+            self.micro = compile(self._remat(g, loss, residuals), **options)
             u = Graph()
             up = {name: u.input(name, w.shape, w.dtype) for name, w in p.items()}
             objective = None
@@ -95,9 +97,13 @@ class Trainer:
                 term = einsum(f"{letters},{letters}->", u.input("grad:" + name, w.shape, w.dtype), w)
                 objective = term if objective is None else objective + term
             self.update = self._optimizer(u, up, objective)
-        self.program = compile(self.update_graph, **options)
+        graph = self._remat(g, loss, residuals) if cfg.accum == 1 else self.update_graph
+        self.program = compile(graph, **options)
         self.state = dict(params) | (opt_state if opt_state is not None else self.update.init_state())
         self.losses: list[float] = []
+
+    def _remat(self, g: Graph, loss, residuals: list):
+        return rematerialize(g.ir, loss, residuals) if self.cfg.remat else g
 
     def _optimizer(self, g: Graph, p: dict, objective) -> TrainStep:
         self.update_graph = g
