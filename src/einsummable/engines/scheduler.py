@@ -1,0 +1,148 @@
+"""The one dependency loop every engine shares: run a DAG of tasks on pinned workers.
+
+Inputs: for each task, its input task ids and its worker; an ``execute(i, args)``
+callback that computes task i from its inputs' values. Output: the values of the
+tasks in ``keep``. State: dependency counts, one ready heap per worker ordered by
+critical path (longest remaining chain of estimated cost first), and each value's
+count of pending readers, so a block is freed right after its last use.
+
+Policy: a task runs on the worker its plan placed it on; the engine never re-plans.
+With ``workers=1`` the loop runs inline in the caller's thread (the sequential
+oracle); otherwise one thread per worker. An exception in a task stops every
+worker promptly and is re-raised as ``EngineError`` naming the task.
+
+    values = run([(), (0,), (0, 1)], lambda i, args: sum(args) + 1, location=[0, 1, 0],
+                 workers=2, keep={2})          # {2: 3}
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections.abc import Callable, Sequence
+
+from einsummable.errors import EinsummableError
+
+
+class EngineError(EinsummableError):
+    """A task failed while a program ran; names the task and its graph node."""
+
+
+def critical_path(inputs: Sequence[Sequence[int]], cost: Sequence[float]) -> list[float]:
+    """For each task, its cost plus the costliest chain of tasks that wait on it."""
+    users: list[list[int]] = [[] for _ in inputs]
+    for i, ins in enumerate(inputs):
+        for j in ins:
+            users[j].append(i)
+    rank = [0.0] * len(inputs)
+    for i in reversed(range(len(inputs))):
+        rank[i] = cost[i] + max((rank[u] for u in users[i]), default=0.0)
+    return rank
+
+
+def run(
+    inputs: Sequence[Sequence[int]],
+    execute: Callable[[int, list[object]], object],
+    *,
+    location: Sequence[int],
+    workers: int,
+    keep: set[int],
+    cost: Sequence[float] | None = None,
+    describe: Callable[[int], str] = str,
+    on_done: Callable[[int], None] | None = None,
+) -> dict[int, object]:
+    """Execute tasks (ids in topological order) and return ``{i: value}`` for i in keep."""
+    n = len(inputs)
+    if len(location) != n:
+        raise EngineError(f"{n} tasks but {len(location)} locations")
+    rank = critical_path(inputs, cost or [1.0] * n)
+    pending = [len(set(ins)) for ins in inputs]
+    readers = [0] * n
+    users: list[list[int]] = [[] for _ in range(n)]
+    for i, ins in enumerate(inputs):
+        for j in set(ins):
+            users[j].append(i)
+            readers[j] += 1
+    if workers <= 1:
+        return _run_inline(inputs, execute, keep, readers, describe, on_done)
+    state = _Shared(workers)
+    for i in range(n):
+        if pending[i] == 0:
+            heapq.heappush(state.ready[location[i] % workers], (-rank[i], i))
+    values: dict[int, object] = {}
+
+    def finish(i: int, value: object) -> None:
+        with state.lock:
+            values[i] = value
+            for j in set(inputs[i]):
+                readers[j] -= 1
+                if readers[j] == 0 and j not in keep:
+                    values.pop(j, None)
+            for u in users[i]:
+                pending[u] -= 1
+                if pending[u] == 0:
+                    w = location[u] % workers
+                    heapq.heappush(state.ready[w], (-rank[u], u))
+                    state.wake[w].notify()
+            state.done += 1
+            if state.done == n:
+                for c in state.wake:
+                    c.notify()
+
+    def worker(w: int) -> None:
+        while True:
+            with state.lock:
+                while not state.ready[w] and state.error is None and state.done < n:
+                    state.wake[w].wait()
+                if state.error is not None or (state.done >= n and not state.ready[w]):
+                    return
+                _, i = heapq.heappop(state.ready[w])
+                args = [values[j] for j in inputs[i]]
+            try:
+                value = execute(i, args)
+            except BaseException as err:  # stop everyone, report this task
+                with state.lock:
+                    if state.error is None:
+                        state.error = (i, err)
+                    for c in state.wake:
+                        c.notify()
+                return
+            finish(i, value)
+            if on_done is not None:
+                on_done(i)
+
+    threads = [threading.Thread(target=worker, args=(w,), daemon=True, name=f"einsummable-{w}")
+               for w in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if state.error is not None:
+        i, err = state.error
+        raise EngineError(f"task {i} ({describe(i)}) failed: {type(err).__name__}: {err}") from err
+    return {i: values[i] for i in keep}
+
+
+class _Shared:
+    def __init__(self, workers: int) -> None:
+        self.lock = threading.Lock()
+        self.wake = [threading.Condition(self.lock) for _ in range(workers)]
+        self.ready: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
+        self.done = 0
+        self.error: tuple[int, BaseException] | None = None
+
+
+def _run_inline(inputs, execute, keep, readers, describe, on_done) -> dict[int, object]:
+    values: dict[int, object] = {}
+    for i, ins in enumerate(inputs):
+        try:
+            values[i] = execute(i, [values[j] for j in ins])
+        except Exception as err:
+            raise EngineError(f"task {i} ({describe(i)}) failed: {type(err).__name__}: {err}") from err
+        for j in set(ins):
+            readers[j] -= 1
+            if readers[j] == 0 and j not in keep:
+                del values[j]
+        if on_done is not None:
+            on_done(i)
+    return {i: values[i] for i in keep}

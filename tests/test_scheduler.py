@@ -1,0 +1,82 @@
+"""The shared dependency loop: random DAGs on random worker counts, errors, freeing."""
+
+import threading
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from einsummable.engines.scheduler import EngineError, critical_path, run
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(1, 40))
+    inputs = [tuple(sorted(set(draw(st.lists(st.integers(0, i - 1), max_size=3))))) if i else ()
+              for i in range(n)]
+    workers = draw(st.integers(1, 8))
+    location = [draw(st.integers(0, 11)) for _ in range(n)]
+    return inputs, workers, location
+
+
+def oracle(inputs):
+    vals = []
+    for i, ins in enumerate(inputs):
+        vals.append(i + sum(vals[j] for j in ins))
+    return vals
+
+
+@given(dags())
+def test_every_dag_on_every_worker_count_matches_sequential(dag):
+    inputs, workers, location = dag
+    got = run(inputs, lambda i, args: i + sum(args), location=location, workers=workers,
+              keep=set(range(len(inputs))))
+    assert [got[i] for i in range(len(inputs))] == oracle(inputs)
+
+
+def test_blocks_are_freed_after_their_last_reader():
+    live = set()
+    peak = [0]
+    lock = threading.Lock()
+
+    class Block:
+        def __init__(self, i):
+            self.i = i
+            with lock:
+                live.add(i)
+                peak[0] = max(peak[0], len(live))
+
+        def __del__(self):
+            with lock:
+                live.discard(self.i)
+
+    chain = [()] + [(i,) for i in range(199)]
+    out = run(chain, lambda i, args: Block(i), location=[0] * 200, workers=2, keep={199})
+    assert out[199].i == 199
+    assert peak[0] <= 4
+
+
+def test_a_failing_task_stops_the_run_and_is_named():
+    started = []
+
+    def execute(i, args):
+        started.append(i)
+        if i == 3:
+            raise ValueError("boom")
+        time.sleep(0.001)
+        return i
+
+    inputs = [()] * 4 + [(k,) for k in range(4, 200)]
+    inputs[4] = (3,)
+    with pytest.raises(EngineError, match=r"task 3 \(node three\).*boom"):
+        run(inputs, execute, location=[k % 2 for k in range(200)], workers=2, keep={199},
+            describe=lambda i: "node three" if i == 3 else str(i))
+    assert 199 not in started
+    assert not [t for t in threading.enumerate() if t.name.startswith("einsummable-")]
+
+
+def test_critical_path_orders_the_long_chain_first():
+    inputs = [(), (), (1,), (2,)]
+    rank = critical_path(inputs, [1, 1, 1, 1])
+    assert rank == [1, 3, 2, 1]
