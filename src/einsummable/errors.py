@@ -35,3 +35,7 @@ class AutodiffError(EinsummableError):
 
 class OptimizerError(EinsummableError):
     """An optimizer was given something it cannot update: a non-input parameter, a bad hyperparameter."""
+
+
+class PlanError(EinsummableError):
+    """A plan or TaskGraph cannot be made as asked: a bad worker count, cluster or partition."""

@@ -1,0 +1,102 @@
+"""The sequential engine: a TaskGraph run block by block, in order, with numpy.
+
+Inputs: a validated TaskGraph, checked feeds and run-time variables. State: one
+dict of live blocks, each freed after its last reader. Locations are ignored
+(every worker is this one process), so it is the oracle that the parallel
+engines must agree with: same tasks, same kernels, no scheduling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from einsummable.engines import kernels
+from einsummable.ir.dtypes import to_numpy
+from einsummable.lower.taskgraph import (
+    ApplyTask,
+    ConstantTask,
+    InputTask,
+    MoveTask,
+    PartialTask,
+    TaskGraph,
+    ViewTask,
+)
+
+
+def _slices(box) -> tuple[slice, ...]:
+    return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def _input(task: InputTask, args, feeds, variables):
+    return feeds[task.name][_slices(task.box)]
+
+
+def _constant(task: ConstantTask, args, feeds, variables):
+    return kernels.fill(task.kind, task.dtype, task.box)
+
+
+def _apply(task: ApplyTask, args, feeds, variables):
+    return kernels.einsum(task.op, args, variables)
+
+
+def _move(task: MoveTask, args, feeds, variables):
+    return np.array(args[0][_slices(task.box)], copy=True)
+
+
+def _partial(task: PartialTask, args, feeds, variables):
+    out = np.full(task.shape, task.pad, dtype=to_numpy(task.dtype))
+    written = np.zeros(task.shape, dtype=bool) if task.agg else None
+    for p in task.pieces:
+        dst = _slices(p.dst_box)
+        piece = args[p.input][_slices(p.src)]
+        if written is None:
+            out[dst] = piece
+            continue
+        combined = kernels.REDUCE[task.agg](out[dst], piece)
+        out[dst] = np.where(written[dst], combined, piece)
+        written[dst] = True
+    return out
+
+
+def _view(task: ViewTask, args, feeds, variables):
+    a = np.ascontiguousarray(args[0])
+    if a.dtype != to_numpy(task.dtype):
+        a = a.view(to_numpy(task.dtype))
+    return a.reshape(task.shape)
+
+
+EXEC = {
+    InputTask: _input,
+    ConstantTask: _constant,
+    ApplyTask: _apply,
+    MoveTask: _move,
+    PartialTask: _partial,
+    ViewTask: _view,
+}
+
+
+def run(tg: TaskGraph, feeds: dict[str, np.ndarray], variables: dict[str, float] | None = None
+        ) -> dict[str, np.ndarray]:
+    """Execute every task in order and assemble the outputs from their blocks."""
+    remaining = [0] * len(tg.tasks)
+    for task in tg.tasks:
+        for i in task.inputs:
+            remaining[i] += 1
+    for out in tg.outputs.values():
+        for t, _ in out.blocks:
+            remaining[t] += 1
+    values: dict[int, np.ndarray] = {}
+    for t, task in enumerate(tg.tasks):
+        args = [values[i] for i in task.inputs]
+        values[t] = EXEC[type(task)](task, args, feeds, variables or {})
+        for i in task.inputs:
+            remaining[i] -= 1
+            if remaining[i] == 0:
+                del values[i]
+    result = {}
+    for name, out in tg.outputs.items():
+        array = np.empty(out.shape, dtype=to_numpy(out.dtype))
+        for t, box in out.blocks:
+            array[_slices(box)] = values[t]
+        result[name] = array
+    return result

@@ -1,0 +1,1 @@
+"""The TaskGraph IR and the lowering from (EinGraph, Plan)."""

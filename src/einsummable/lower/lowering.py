@@ -1,0 +1,261 @@
+"""Lowering: (EinGraph, Plan) -> TaskGraph, one rule per node kind in ``LOWER``.
+
+Each placed block becomes tasks at its worker. Operands come through ``fetch``,
+which assembles the box a block reads from the producer's blocks:
+- a producer block that is exactly the box and already there is used as is;
+- remote pieces move once per (block, sub-box, destination) and are shared;
+- partial sums are first combined where they live (one partial per location),
+  then moved, then combined at the destination;
+- fills are rebuilt at the destination instead of moving.
+Tasks that no output needs are pruned at the end.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+from einsummable.errors import PlanError
+from einsummable.ir.graph import (
+    ComplexView,
+    Constant,
+    EinGraph,
+    EinsumNode,
+    Fill,
+    Formation,
+    InputNode,
+    Piece,
+    Reshape,
+    Select,
+)
+from einsummable.lower.taskgraph import (
+    ApplyTask,
+    ConstantTask,
+    InputTask,
+    MoveTask,
+    Output,
+    PartialTask,
+    Task,
+    TaskGraph,
+    ViewTask,
+    box_shape,
+)
+from einsummable.plan.partition import Box, Partition, shift
+from einsummable.plan.plan import Plan
+from einsummable.plan.traffic import select_reads
+
+Located = tuple[int, int]  # (task id, location)
+
+
+class _Lowering:
+    def __init__(self, g: EinGraph, plan: Plan) -> None:
+        self.g = g
+        self.plan = plan
+        self.tasks: list[Task] = []
+        self.index: dict[Task, int] = {}
+        # per node: its output partition and, per output block, the tasks holding it
+        self.outs: dict[int, tuple[Partition, list[list[Located]]]] = {}
+        self.fetched: dict[tuple[int, Box, int], int] = {}
+
+    def add(self, task: Task) -> int:
+        """Append a task; an identical task already made is reused (moves, constants)."""
+        found = self.index.get(task)
+        if found is not None:
+            return found
+        self.tasks.append(task)
+        self.index[task] = len(self.tasks) - 1
+        return len(self.tasks) - 1
+
+    def blocks(self, nid: int):
+        part = self.plan.parts[nid]
+        return zip(part.boxes(), self.plan.locs[nid], strict=True)
+
+    # ------------------------------------------------------------ fetch
+
+    def fetch(self, u: int, box: Box, w: int) -> int:
+        """A task at worker w holding ``box`` of node u's value."""
+        key = (u, box, w)
+        if key not in self.fetched:
+            self.fetched[key] = self._fetch(u, box, w)
+        return self.fetched[key]
+
+    def _fetch(self, u: int, box: Box, w: int) -> int:
+        node = self.g.nodes[u]
+        if isinstance(node, Fill):
+            return self.add(ConstantTask(node.kind, box, node.dtype, w))
+        part, held = self.outs[u]
+        agg = node.op.agg if isinstance(node, EinsumNode) else None
+        pieces: list[tuple[int, Box, Box]] = []  # (task, its sub-box, target box in ours)
+        for q, inter in part.overlapping(box):
+            origin = [lo for lo, _ in part.box(q)]
+            sub = shift(inter, origin)
+            by_loc: dict[int, list[int]] = defaultdict(list)
+            for t, loc in held[q]:
+                by_loc[loc].append(t)
+            for loc, ts in sorted(by_loc.items(), key=lambda item: item[0] != w):
+                if len(ts) == 1:
+                    t, s = ts[0], sub
+                else:  # combine the partial sums that live together before any move
+                    t = self.partial(
+                        ts, [sub] * len(ts), [(0,) * len(sub)] * len(ts), box_shape(sub), node.dtype, agg, loc
+                    )
+                    s = tuple((0, hi - lo) for lo, hi in sub)
+                if loc != w:
+                    t = self.add(MoveTask((t,), s, loc, w, node.dtype))
+                    s = tuple((0, hi - lo) for lo, hi in s)
+                pieces.append((t, s, shift(inter, [lo for lo, _ in box])))
+        shape = box_shape(box)
+        if len(pieces) == 1:
+            t, s, _ = pieces[0]
+            if s == tuple((0, n) for n in self.tasks[t].shape) and box_shape(s) == shape:
+                return t
+        ts = [t for t, _, _ in pieces]
+        srcs = [s for _, s, _ in pieces]
+        dsts = [tuple(lo for lo, _ in d) for _, _, d in pieces]
+        return self.partial(ts, srcs, dsts, shape, node.dtype, agg, w)
+
+    def partial(self, ts, srcs, dsts, shape, dtype: str, agg: str | None, loc: int, pad: float = 0.0) -> int:
+        inputs: list[int] = []
+        pieces = []
+        for t, src, dst in zip(ts, srcs, dsts, strict=True):
+            if t not in inputs:
+                inputs.append(t)
+            pieces.append(Piece(inputs.index(t), tuple(src), tuple(dst)))
+        return self.add(PartialTask(tuple(inputs), tuple(pieces), tuple(shape), dtype, agg, loc, pad))
+
+
+# ------------------------------------------------------------ rules per node kind
+
+
+def _single(lw: _Lowering, nid: int, make) -> None:
+    """A node whose output blocks are its space blocks, one task each."""
+    part = lw.plan.parts[nid]
+    held = [[(make(box, w), w)] for box, w in lw.blocks(nid)]
+    lw.outs[nid] = (part, held)
+
+
+def _input(lw: _Lowering, nid: int) -> None:
+    node: InputNode = lw.g.nodes[nid]
+    _single(lw, nid, lambda box, w: lw.add(InputTask(node.name, box, node.dtype, w)))
+
+
+def _fill(lw: _Lowering, nid: int) -> None:
+    """Fills are made where they are read; only an output fill gets blocks of its own."""
+    node: Fill = lw.g.nodes[nid]
+    _single(lw, nid, lambda box, w: lw.add(ConstantTask(node.kind, box, node.dtype, w)))
+
+
+def _einsum(lw: _Lowering, nid: int) -> None:
+    node: EinsumNode = lw.g.nodes[nid]
+    sp = lw.plan.spaces[nid]
+    out = lw.plan.out_partition(nid)
+    held: list[list[Located]] = [[] for _ in range(out.num_blocks)]
+    part = lw.plan.parts[nid]
+    for b, (box, w) in enumerate(lw.blocks(nid)):
+        args = tuple(
+            lw.fetch(u, sp.operand_box(k, box, lw.g.nodes[u].shape), w) for k, u in enumerate(node.inputs)
+        )
+        t = lw.add(ApplyTask(node.op.block(box_shape(box)), args, w))
+        idx = part.block_index(b)
+        held[out.flat([idx[d] for d in sp.out_dims])].append((t, w))
+    lw.outs[nid] = (out, held)
+
+
+def _formation(lw: _Lowering, nid: int) -> None:
+    u = lw.g.nodes[nid].inputs[0]
+    if not lw.plan.spaces[u].aggregated:
+        lw.outs[nid] = lw.outs[u]
+        return
+    _single(lw, nid, lambda box, w: lw.fetch(u, box, w))
+
+
+def _select(lw: _Lowering, nid: int) -> None:
+    node: Select = lw.g.nodes[nid]
+
+    def make(box: Box, w: int) -> int:
+        reads = select_reads(node, box)
+        ts = [lw.fetch(node.inputs[k], src, w) for _, (k, src), _ in reads]
+        shape = box_shape(box)
+        if len(reads) == 1 and reads[0][2] == tuple((0, n) for n in shape):
+            return ts[0]
+        srcs = [tuple((0, hi - lo) for lo, hi in src) for _, (_, src), _ in reads]
+        dsts = [tuple(lo for lo, _ in local) for _, _, local in reads]
+        if not ts:
+            return lw.add(ConstantTask(Constant(node.pad), tuple((0, n) for n in shape), node.dtype, w))
+        return lw.partial(ts, srcs, dsts, shape, node.dtype, None, w, node.pad)
+
+    _single(lw, nid, make)
+
+
+def _view(lw: _Lowering, nid: int) -> None:
+    """Reshape and complex view: read the matching input box, reinterpret it in place."""
+    node = lw.g.nodes[nid]
+    sp = lw.plan.spaces[nid]
+    u = node.inputs[0]
+
+    def make(box: Box, w: int) -> int:
+        src = lw.fetch(u, sp.operand_box(0, box, lw.g.nodes[u].shape), w)
+        return lw.add(ViewTask((src,), box_shape(box), node.dtype, w))
+
+    _single(lw, nid, make)
+
+
+LOWER = {
+    InputNode: _input,
+    EinsumNode: _einsum,
+    Formation: _formation,
+    Fill: _fill,
+    Select: _select,
+    Reshape: _view,
+    ComplexView: _view,
+}
+
+
+def lower(g: EinGraph, plan: Plan) -> TaskGraph:
+    """The TaskGraph of a placed plan, pruned to what the outputs need."""
+    if plan.graph is not g:
+        raise PlanError("the plan was made for a different graph")
+    lw = _Lowering(g, plan)
+    live = g.live()
+    for nid, node in enumerate(g.nodes):
+        if not live[nid]:
+            continue
+        if isinstance(node, Fill) and nid not in g.outputs.values():
+            continue  # fills are made where they are read
+        LOWER[type(node)](lw, nid)
+    outputs = {}
+    for name, nid in g.outputs.items():
+        node = g.nodes[nid]
+        part, held = lw.outs[nid]
+        blocks = tuple((held[q][0][0], box) for q, box in enumerate(part.boxes()))
+        outputs[name] = Output(node.shape, node.dtype, blocks)
+    return prune(lw.tasks, outputs, plan.cluster.workers, plan.cluster.cores)
+
+
+def prune(tasks: list[Task], outputs: dict[str, Output], workers: int, cores: int) -> TaskGraph:
+    """Drop tasks no output depends on and renumber the rest, keeping their order."""
+    keep = [False] * len(tasks)
+    stack = [t for out in outputs.values() for t, _ in out.blocks]
+    while stack:
+        t = stack.pop()
+        if not keep[t]:
+            keep[t] = True
+            stack.extend(tasks[t].inputs)
+    new_id: dict[int, int] = {}
+    kept: list[Task] = []
+    for t, task in enumerate(tasks):
+        if keep[t]:
+            new_id[t] = len(kept)
+            kept.append(_renumber(task, new_id))
+    outs = {
+        name: Output(o.shape, o.dtype, tuple((new_id[t], box) for t, box in o.blocks))
+        for name, o in outputs.items()
+    }
+    return TaskGraph(tuple(kept), outs, workers, cores)
+
+
+def _renumber(task: Task, new_id: dict[int, int]) -> Task:
+    if not task.inputs:
+        return task
+    return replace(task, inputs=tuple(new_id[i] for i in task.inputs))
+

@@ -1,0 +1,82 @@
+"""Figures read off a TaskGraph: flops per location, bytes per link, critical path; DOT export."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+from einsummable.ir.dtypes import itemsize
+from einsummable.lower.taskgraph import ApplyTask, MoveTask, TaskGraph, fmt_box
+from einsummable.plan.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class Stats:
+    flops: tuple[int, ...]  # per location
+    links: dict[tuple[int, int], int]  # (from, to) -> bytes
+    bytes_within: int
+    bytes_across: int
+    critical_path: float  # seconds on the given cluster, with unlimited workers
+    tasks: dict[str, int]  # task count per kind
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.bytes_within + self.bytes_across
+
+
+def move_bytes(task: MoveTask) -> int:
+    return math.prod(task.shape) * itemsize(task.dtype)
+
+
+def stats(tg: TaskGraph, cluster: Cluster | None = None) -> Stats:
+    cluster = cluster or Cluster(machines=max(1, tg.workers // tg.cores), cores=tg.cores)
+    flops = [0] * tg.workers
+    links: Counter[tuple[int, int]] = Counter()
+    within = across = 0
+    finish = [0.0] * len(tg.tasks)
+    for t, task in enumerate(tg.tasks):
+        cost = 0.0
+        if isinstance(task, ApplyTask):
+            f = task.op.flops()
+            flops[task.loc] += f
+            cost = f / cluster.flops_per_core
+        elif isinstance(task, MoveTask):
+            n = move_bytes(task)
+            links[(task.src, task.loc)] += n
+            if tg.machine_of(task.src) == tg.machine_of(task.loc):
+                within += n
+            else:
+                across += n
+            cost = cluster.seconds_to_move(n, task.src, task.loc)
+        start = max((finish[i] for i in task.inputs), default=0.0)
+        finish[t] = start + cost
+    kinds = Counter(type(task).__name__.removesuffix("Task").lower() for task in tg.tasks)
+    return Stats(tuple(flops), dict(links), within, across, max(finish, default=0.0), dict(kinds))
+
+
+_COLOURS = ("lightblue", "lightyellow", "palegreen", "pink", "orange", "plum", "khaki", "lightgrey")
+
+
+def to_dot(tg: TaskGraph) -> str:
+    """One cluster box per location; moves are the edges that cross boxes."""
+    lines = ["digraph taskgraph {", "  rankdir=TB;", "  node [shape=box, style=filled, fontname=monospace];"]
+    by_loc: dict[int, list[int]] = {}
+    for t, task in enumerate(tg.tasks):
+        by_loc.setdefault(task.loc, []).append(t)
+    for loc, ids in sorted(by_loc.items()):
+        lines.append(f"  subgraph cluster_{loc} {{ label=\"worker {loc}\";")
+        for t in ids:
+            task = tg.tasks[t]
+            label = f"%{t} {task.describe()}\\n{task.dtype}{list(task.shape)}".replace('"', '\\"')
+            colour = _COLOURS[loc % len(_COLOURS)]
+            lines.append(f'    t{t} [label="{label}", fillcolor={colour}];')
+        lines.append("  }")
+    for t, task in enumerate(tg.tasks):
+        style = " [style=dashed]" if isinstance(task, MoveTask) else ""
+        lines.extend(f"  t{i} -> t{t}{style};" for i in task.inputs)
+    for name, out in tg.outputs.items():
+        lines.append(f'  out_{name} [label="{name}", shape=ellipse, fillcolor=white];')
+        lines.extend(f'  t{t} -> out_{name} [label="{fmt_box(box)}"];' for t, box in out.blocks)
+    lines.append("}")
+    return "\n".join(lines)

@@ -1,0 +1,240 @@
+"""The TaskGraph: IR 2, block kernels with a location each.
+
+Tasks are plain frozen records in topological order; a task names its inputs by
+position in ``TaskGraph.tasks`` and runs at ``loc`` (a worker). Every input of a
+task other than a move lives at the task's own location, so an engine never
+copies data except in a move. Kinds:
+- ``input``: a block (``box``) of a graph input;
+- ``constant``: a block of a fill, in the fill's coordinates;
+- ``apply``: an einsummable over blocks (``op`` is already the block's op);
+- ``move``: a sub-box of a block, copied from ``src`` to ``loc``;
+- ``partial``: a fresh block built from pieces written into sub-regions; where
+  pieces overlap they are combined with ``agg`` (the first write assigns), where
+  none writes the block holds ``pad``. Formation and repartition are partials;
+- ``view``: a block reinterpreted row-major (reshape, complex view).
+
+Example: ``%3 @1 = move[0:2,0:4] %0@0 : f32[2,4]`` copies rows 0..2 of task 0 from
+worker 0 to worker 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from einsummable.errors import PlanError
+from einsummable.ir.dtypes import COMPLEX, real_of
+from einsummable.ir.einsummable import Einsummable
+from einsummable.ir.graph import FillKind, Piece
+from einsummable.plan.partition import Box, volume
+
+Shape = tuple[int, ...]
+
+
+def box_shape(box: Box) -> Shape:
+    return tuple(hi - lo for lo, hi in box)
+
+
+def fmt_box(box: Box) -> str:
+    return "[" + ",".join(f"{lo}:{hi}" for lo, hi in box) + "]"
+
+
+@dataclass(frozen=True)
+class InputTask:
+    name: str
+    box: Box
+    dtype: str
+    loc: int
+    inputs: tuple[int, ...] = ()
+
+    @property
+    def shape(self) -> Shape:
+        return box_shape(self.box)
+
+    def describe(self) -> str:
+        return f"input {self.name!r}{fmt_box(self.box)}"
+
+
+@dataclass(frozen=True)
+class ConstantTask:
+    kind: FillKind
+    box: Box
+    dtype: str
+    loc: int
+    inputs: tuple[int, ...] = ()
+
+    @property
+    def shape(self) -> Shape:
+        return box_shape(self.box)
+
+    def describe(self) -> str:
+        return f"constant[{self.kind}]{fmt_box(self.box)}"
+
+
+@dataclass(frozen=True)
+class ApplyTask:
+    op: Einsummable
+    inputs: tuple[int, ...]
+    loc: int
+    shape: Shape = field(init=False)
+    dtype: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", self.op.out_shape)
+        object.__setattr__(self, "dtype", self.op.dtype)
+
+    def describe(self) -> str:
+        return f"apply[{self.op}]"
+
+
+@dataclass(frozen=True)
+class MoveTask:
+    inputs: tuple[int]
+    box: Box
+    src: int
+    loc: int
+    dtype: str
+
+    @property
+    def shape(self) -> Shape:
+        return box_shape(self.box)
+
+    def describe(self) -> str:
+        return f"move{fmt_box(self.box)} from {self.src}"
+
+
+@dataclass(frozen=True)
+class PartialTask:
+    inputs: tuple[int, ...]
+    pieces: tuple[Piece, ...]
+    shape: Shape
+    dtype: str
+    agg: str | None
+    loc: int
+    pad: float = 0.0
+
+    def describe(self) -> str:
+        parts = " ".join(f"{fmt_box(p.src)}@{p.input}->{list(p.dst)}" for p in self.pieces)
+        agg = f" agg={self.agg}" if self.agg else ""
+        pad = f" pad={self.pad}" if self.pad else ""
+        return f"partial[{parts}{agg}{pad}]"
+
+
+@dataclass(frozen=True)
+class ViewTask:
+    inputs: tuple[int]
+    shape: Shape
+    dtype: str
+    loc: int
+
+    def describe(self) -> str:
+        return "view"
+
+
+Task = InputTask | ConstantTask | ApplyTask | MoveTask | PartialTask | ViewTask
+TASK_KINDS = (InputTask, ConstantTask, ApplyTask, MoveTask, PartialTask, ViewTask)
+
+
+@dataclass(frozen=True)
+class Output:
+    """A graph output assembled from blocks: (task, box in the output)."""
+
+    shape: Shape
+    dtype: str
+    blocks: tuple[tuple[int, Box], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class TaskGraph:
+    tasks: tuple[Task, ...]
+    outputs: dict[str, Output]
+    workers: int
+    cores: int
+
+    def machine_of(self, loc: int) -> int:
+        return loc // self.cores
+
+    def users(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in self.tasks]
+        for t, task in enumerate(self.tasks):
+            for i in task.inputs:
+                out[i].append(t)
+        return out
+
+    def validate(self) -> None:
+        """Check every task against its inputs; on failure show the tasks around it."""
+        for t, task in enumerate(self.tasks):
+            try:
+                _check(self, t, task)
+            except PlanError as err:
+                lines = str(self).splitlines()
+                context = "\n".join(lines[max(0, t - 2) : t + 4])
+                raise PlanError(f"task %{t} is invalid: {err}\n{context}") from err
+        for name, out in self.outputs.items():
+            covered = 0
+            for t, box in out.blocks:
+                if not 0 <= t < len(self.tasks) or self.tasks[t].shape != box_shape(box):
+                    raise PlanError(f"output {name!r}: block {fmt_box(box)} does not match task %{t}")
+                covered += volume(box)
+            if covered != math.prod(out.shape):
+                raise PlanError(f"output {name!r}: blocks cover {covered} of {math.prod(out.shape)} elements")
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __str__(self) -> str:
+        lines = [f"taskgraph({self.workers} workers) {{"]
+        for t, task in enumerate(self.tasks):
+            args = " ".join(f"%{i}" for i in task.inputs)
+            shape = f"{task.dtype}[{','.join(map(str, task.shape))}]"
+            lines.append(f"  %{t} @{task.loc} = {task.describe()} {args}".rstrip() + f" : {shape}")
+        for name, out in self.outputs.items():
+            blocks = " ".join(f"%{t}{fmt_box(box)}" for t, box in out.blocks)
+            lines.append(f"  return {name} = {blocks}")
+        lines.append("}")
+        return "\n".join(lines)
+
+
+def _check(tg: TaskGraph, t: int, task: Task) -> None:
+    if not isinstance(task, TASK_KINDS):
+        raise PlanError(f"{type(task).__name__} is not a task kind")
+    if not 0 <= task.loc < tg.workers:
+        raise PlanError(f"location {task.loc} outside 0..{tg.workers - 1}")
+    for i in task.inputs:
+        if not 0 <= i < t:
+            raise PlanError(f"uses %{i}, which does not precede it")
+        where = task.src if isinstance(task, MoveTask) else task.loc
+        if tg.tasks[i].loc != where:
+            raise PlanError(f"reads %{i} at {tg.tasks[i].loc} but runs at {where}")
+    ins = [tg.tasks[i] for i in task.inputs]
+    if isinstance(task, ApplyTask):
+        for k, (src, shape, dtype) in enumerate(zip(ins, task.op.input_shapes, task.op.dtypes, strict=True)):
+            if (src.shape, src.dtype) != (shape, dtype):
+                raise PlanError(f"operand {k} is {src.dtype}{list(src.shape)}, op wants {dtype}{list(shape)}")
+    elif isinstance(task, MoveTask):
+        _check_box(task.box, ins[0].shape, "move box")
+        if ins[0].dtype != task.dtype:
+            raise PlanError("a move keeps the dtype")
+    elif isinstance(task, PartialTask):
+        for p in task.pieces:
+            src = ins[p.input]
+            _check_box(p.src, src.shape, "piece source")
+            _check_box(p.dst_box, task.shape, "piece target")
+            if src.dtype != task.dtype:
+                raise PlanError(f"piece of {src.dtype} in a {task.dtype} partial")
+    elif isinstance(task, ViewTask):
+        src = ins[0]
+        if src.dtype == task.dtype:
+            if math.prod(src.shape) != math.prod(task.shape):
+                raise PlanError(f"cannot view {src.shape} as {task.shape}")
+        else:
+            cplx, real = (task, src) if task.dtype in COMPLEX else (src, task)
+            if real_of(cplx.dtype) != real.dtype or real.shape[:-1] != cplx.shape[:-1] or (
+                real.shape[-1] != 2 * cplx.shape[-1]
+            ):
+                raise PlanError(f"bad complex view {src.dtype}{list(src.shape)} -> {task.dtype}")
+
+
+def _check_box(box: Box, shape: Shape, what: str) -> None:
+    if len(box) != len(shape) or any(not 0 <= lo <= hi <= n for (lo, hi), n in zip(box, shape, strict=True)):
+        raise PlanError(f"{what} {fmt_box(box)} is outside shape {shape}")

@@ -1,0 +1,1 @@
+"""EinDecomp and its baselines: partitions of every node, placed on a cluster."""
