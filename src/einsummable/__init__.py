@@ -12,6 +12,7 @@ from einsummable.errors import (
     FeedError,
     GraphError,
     OptimizerError,
+    PlanError,
     ShapeError,
     SpecError,
 )
@@ -32,9 +33,11 @@ from einsummable.frontend.core import (
     where,
 )
 from einsummable.frontend.einsum import einsum, matmul
+from einsummable.plan.cluster import Cluster
 
 __all__ = [
     "AutodiffError",
+    "Cluster",
     "DtypeError",
     "EinsummableError",
     "ExprError",
@@ -42,6 +45,7 @@ __all__ = [
     "Graph",
     "GraphError",
     "OptimizerError",
+    "PlanError",
     "Program",
     "ShapeError",
     "SpecError",

@@ -1,13 +1,14 @@
 """Placement: a worker for every block, and the traffic and load that result.
 
-Policy, node by node in topological order:
-- graph inputs and fills are spread round-robin over the workers;
+Policy, node by node in topological order (list scheduling on the cluster model):
+- each graph input and fill is spread round-robin over the workers, from worker 0;
 - a formation of an already-whole value stays where that value is;
-- every other block goes to the worker with the least
-  ``load + time to receive its inputs there``, where load counts flop time and
-  receive time of earlier blocks (DESIGN.md §5, F = flop rate / bandwidth);
-- no worker takes more than ``ceil(blocks / workers)`` blocks of one node, which
-  keeps every node's work spread;
+- every other block goes to the worker where it would finish first: after that
+  worker is free and after its inputs arrive there, where arrival adds the time
+  to receive the bytes not already on that worker (flop time and F × bytes
+  received, as DESIGN.md §5 asks). A chain of small ops thus stays on one
+  worker, and the blocks of a big op spread;
+- no worker takes more than ``ceil(blocks / workers)`` blocks of one node;
 - the blocks of a partial-sum group stay on one machine while it has room.
 """
 
@@ -51,13 +52,13 @@ def place(
     """Locations per node, flops per worker, and bytes moved within and across machines."""
     workers = cluster.workers
     machines = np.arange(workers) // cluster.cores
-    load = np.zeros(workers)
+    ready = np.zeros(workers)  # when each worker is next free, in seconds
+    done = np.zeros(len(g.nodes))  # when each node's last block finishes
     flops = np.zeros(workers)
     locs: list[tuple[int, ...]] = []
     held: list[Holders | None] = []
     seen: dict[tuple[int, object], set[tuple[int, int]]] = {}
     moved = [0, 0]
-    turn = 0
     for nid, (node, sp, part) in enumerate(zip(g.nodes, spaces, parts, strict=True)):
         n = part.num_blocks
         if not live[nid]:
@@ -65,10 +66,10 @@ def place(
             held.append(None)
             continue
         if isinstance(node, InputNode | Fill):
-            where = tuple((turn + b) % workers for b in range(n))
-            turn += n
+            where = tuple(b % workers for b in range(n))
         elif isinstance(node, Formation) and not spaces[node.inputs[0]].aggregated:
             where = locs[node.inputs[0]]
+            done[nid] = done[node.inputs[0]]
         else:
             costs = [edge_cost(g, nid, k, sp, part, held[u], machines) for k, u in enumerate(node.inputs)]
             seconds = np.zeros((n, workers))
@@ -76,11 +77,11 @@ def place(
                 seconds += c.within / cluster.bandwidth_within + c.across / cluster.bandwidth_across
             work = flops_per_block(sp, part) / cluster.flops_per_core
             groups = _groups(sp, part) if sp.aggregated else None
-            where = _assign(seconds, work, load, machines, groups)
+            start = max((done[u] for u in node.inputs), default=0.0)
+            where, done[nid] = _assign(seconds + start, work, ready, machines, groups)
             for c, u in zip(costs, node.inputs, strict=True):
                 _count(c, where, seen.setdefault((u, c.tag), set()), moved)
             for b, w in enumerate(where):
-                load[w] += work[b] + seconds[b, w]
                 flops[w] += work[b] * cluster.flops_per_core
         locs.append(where)
         held.append(holders(sp, part, where))
@@ -107,17 +108,18 @@ def _groups(sp: Space, part: Partition) -> np.ndarray:
 
 
 def _assign(
-    seconds: np.ndarray, work: np.ndarray, load: np.ndarray, machines: np.ndarray, groups: np.ndarray | None
-) -> tuple[int, ...]:
-    n, workers = seconds.shape
+    arrival: np.ndarray, work: np.ndarray, ready: np.ndarray, machines: np.ndarray, groups: np.ndarray | None
+) -> tuple[tuple[int, ...], float]:
+    """Greedy earliest finish per block; updates ``ready``, returns locations and the last finish."""
+    n, workers = arrival.shape
     cap = math.ceil(n / workers)
     taken = np.zeros(workers, dtype=np.int64)
-    current = load.copy()
     group_machine: dict[int, int] = {}
     where = []
+    last = 0.0
     for b in range(n):
-        score = current + seconds[b] + work[b]
-        score = np.where(taken < cap, score, np.inf)
+        finish = np.maximum(ready, arrival[b]) + work[b]
+        score = np.where(taken < cap, finish, np.inf)
         if groups is not None and int(groups[b]) in group_machine:
             home = machines == group_machine[int(groups[b])]
             if np.isfinite(score[home]).any():
@@ -125,7 +127,8 @@ def _assign(
         w = int(np.argmin(score))
         where.append(w)
         taken[w] += 1
-        current[w] += work[b] + seconds[b, w]
+        ready[w] = finish[w]
+        last = max(last, float(finish[w]))
         if groups is not None:
             group_machine.setdefault(int(groups[b]), int(machines[w]))
-    return tuple(where)
+    return tuple(where), last

@@ -1,0 +1,167 @@
+"""The cost model of DESIGN.md §5, in bytes, as numpy arrays over candidate partitions.
+
+A candidate is a vector of block counts, one per dimension of a node's space. The
+cost of a choice of candidates is a sum of
+- per node (``unary``): input replication, ``|X_i| * (N / N_i - 1)`` for each
+  operand (N join blocks, N_i of them distinct on the operand's indices), and
+  partial aggregation, ``(k - 1) * |out|`` for k blocks across aggregated indices;
+- per edge (``edge``): repartition, ``|X| * (1 - f)`` where f, the share of a
+  block already in place, is the product over axes of min(p, q) / max(p, q) for
+  p producer blocks and q needed blocks along the axis.
+Fills are rebuilt where read and cost nothing. A formation must take its
+einsummable's output partition: other pairs cost ``FORBIDDEN``.
+
+Candidates: p blocks for every op big enough to fill p workers (p factored over
+the dimensions in every way, never more blocks than a dimension's size; fewer
+when the dimensions are too small for p). Ops too small to fill p workers with
+blocks of ``cluster.min_block_flops``, and data nodes (inputs, selects,
+reshapes), may take any block count that divides p or that some op uses, so
+they stay whole unless following their neighbours saves bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from einsummable.ir.graph import EinGraph, Fill
+from einsummable.plan.cluster import Cluster
+from einsummable.plan.space import Space, nbytes
+
+FORBIDDEN = 1e30
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+@functools.lru_cache(maxsize=65536)
+def _exact(t: int, limits: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """All count vectors with product exactly t and counts[d] <= limits[d]."""
+    if not limits:
+        return ((),) if t == 1 else ()
+    out = []
+    for d in divisors(t):
+        if d <= limits[0]:
+            out.extend((d, *rest) for rest in _exact(t // d, limits[1:]))
+    return tuple(out)
+
+
+def _limits(sp: Space) -> tuple[int, ...]:
+    return tuple(max(1, n) if ok else 1 for n, ok in zip(sp.shape, sp.splittable, strict=True))
+
+
+def compute_target(sp: Space, p: int, cluster: Cluster) -> int:
+    """The block count an op aims at: p, or fewer when blocks would be too small to pay."""
+    limits = _limits(sp)
+    reachable = math.prod(limits)
+    for d in sorted(divisors(p), reverse=True):
+        if d == 1 or (sp.flops / d >= cluster.min_block_flops and d <= reachable):
+            break
+    for t in range(d, 0, -1):  # a dimension too small for every factorisation of d: take less
+        if _exact(t, limits):
+            return t
+    return 1
+
+
+class CostModel:
+    """Candidates, unary costs and edge costs for one graph at one worker count."""
+
+    def __init__(self, g: EinGraph, spaces: Sequence[Space], p: int, cluster: Cluster,
+                 live: Sequence[bool]) -> None:
+        self.g, self.spaces, self.p = g, spaces, p
+        self.bytes = [float(nbytes(n)) for n in g.nodes]
+        self._cache: dict[tuple, np.ndarray] = {}
+        self._arrays: dict[tuple, np.ndarray] = {}
+        targets = [compute_target(sp, p, cluster) if sp.kind == "compute" else 1 for sp in spaces]
+        sizes = sorted(set(divisors(p)) | {t for t, ok in zip(targets, live, strict=True) if ok})
+        self.cands: list[np.ndarray] = []
+        for nid, sp in enumerate(spaces):
+            if sp.kind == "follow":
+                u = g.nodes[nid].inputs[0]
+                key = ("follow", id(self.cands[u]), spaces[u].out_dims)
+                c = self._array(key, lambda u=u: self.cands[u][:, list(spaces[u].out_dims)])
+            elif sp.kind == "fill" or not live[nid]:
+                c = self._array(("whole", len(sp.shape)), lambda sp=sp: np.ones((1, len(sp.shape)), np.int64))
+            elif sp.kind == "compute" and targets[nid] == p:
+                key = ("exact", targets[nid], _limits(sp))
+                c = self._array(key, lambda t=targets[nid], sp=sp: _as_array(_exact(t, _limits(sp)), sp))
+            else:
+                key = ("any", tuple(sizes), _limits(sp))
+                c = self._array(key, lambda sp=sp: _as_array(
+                    tuple(v for s in sizes for v in _exact(s, _limits(sp))), sp))
+            self.cands.append(c)
+        self.unary = [self.node_cost(nid, c) for nid, c in enumerate(self.cands)]
+
+    def _array(self, key: tuple, make) -> np.ndarray:
+        if key not in self._arrays:
+            self._arrays[key] = make()
+        return self._arrays[key]
+
+    # ------------------------------------------------------------ costs on count arrays
+
+    def node_cost(self, nid: int, counts: np.ndarray) -> np.ndarray:
+        """[candidates]: replication of every operand plus partial aggregation."""
+        sp = self.spaces[nid]
+        node = self.g.nodes[nid]
+        n = np.prod(counts, axis=1).astype(np.float64)
+        cost = np.zeros(len(counts))
+        for k, u in enumerate(node.inputs):
+            if isinstance(self.g.nodes[u], Fill):
+                continue
+            dims = [d for d in sp.operands[k] if d is not None]
+            n_k = np.prod(counts[:, dims], axis=1) if dims else np.ones(len(counts))
+            cost += self.bytes[u] * (n / n_k - 1.0)
+        if sp.aggregated:
+            cost += self.bytes[nid] * (np.prod(counts[:, list(sp.aggregated)], axis=1) - 1.0)
+        return cost
+
+    def edge_cost(self, u: int, v: int, k: int, cu: np.ndarray, cv: np.ndarray) -> np.ndarray:
+        """[candidates of u, candidates of v]: repartition of u's output into what v reads."""
+        if isinstance(self.g.nodes[u], Fill):
+            return np.zeros((len(cu), len(cv)))
+        su, sv = self.spaces[u], self.spaces[v]
+        have = cu[:, list(su.out_dims)]
+        if sv.kind == "follow":
+            same = (have[:, None, :] == cv[None, :, :]).all(axis=2)
+            return np.where(same, 0.0, FORBIDDEN)
+        need = np.ones((len(cv), len(sv.operands[k])), dtype=np.int64)
+        for a, d in enumerate(sv.operands[k]):
+            if d is not None:
+                need[:, a] = cv[:, d]
+        hi = np.maximum(have[:, None, :], need[None, :, :])
+        lo = np.minimum(have[:, None, :], need[None, :, :])
+        share = np.prod(lo / hi, axis=2)
+        return self.bytes[u] * (1.0 - share)
+
+    def edge(self, u: int, v: int, k: int) -> np.ndarray:
+        """The edge cost over the candidate lists, cached by what it depends on."""
+        key = (id(self.cands[u]), id(self.cands[v]), self.spaces[u].out_dims, self.spaces[v].operands[k],
+               self.spaces[v].kind, isinstance(self.g.nodes[u], Fill))
+        scale = self.bytes[u] or 1.0  # costs scale with |X|; cache them per byte
+        unit = self._cache.get(key)
+        if unit is None:
+            unit = self.edge_cost(u, v, k, self.cands[u], self.cands[v]) / scale
+            self._cache[key] = unit
+        return unit * scale
+
+    def evaluate(self, counts: Sequence[Sequence[int]], live: Sequence[bool]) -> float:
+        """The model cost of any plan, given its block counts per node."""
+        arrays = [np.array([c], dtype=np.int64) for c in counts]
+        total = 0.0
+        for v, node in enumerate(self.g.nodes):
+            if not live[v]:
+                continue
+            total += float(self.node_cost(v, arrays[v].reshape(1, -1))[0])
+            for k, u in enumerate(node.inputs):
+                total += float(self.edge_cost(u, v, k, arrays[u], arrays[v])[0, 0])
+        return total
+
+
+def _as_array(vectors: tuple[tuple[int, ...], ...], sp: Space) -> np.ndarray:
+    if not vectors:
+        return np.ones((1, len(sp.shape)), dtype=np.int64)
+    return np.array(vectors, dtype=np.int64).reshape(len(vectors), len(sp.shape))
