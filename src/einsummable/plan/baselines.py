@@ -1,13 +1,17 @@
 """Baseline planners, the strategies people write by hand; EinDecomp must match or beat them.
 
-- ``data_parallel``: split the batch index p ways wherever it appears. The batch
-  index is the first axis of the first graph input, followed through every op;
+- ``data_parallel``: split the batch index wherever it appears. The batch index is
+  the first axis of the first graph input, followed through every op;
 - ``model_parallel`` (Megatron-style): split each op's largest non-batch index,
   so weights are cut along their output or their input (contracted) dimension;
 - ``uniform``: split every index of every op, sharing p's prime factors;
-- ``none``: every node whole.
-Inputs, selects and reshapes take the partition their heaviest reader wants, as
-a hand-written strategy would lay out its data. Formations inherit.
+- ``none``: every node whole, so each op runs on one worker.
+Like EinDecomp, each baseline gives every op big enough for p workers exactly p
+blocks: the strategy's index takes as much of p as it can hold, and what is left
+is shared among the other indices the uniform way (data parallel with a batch of
+8 on 64 workers also cuts 8 ways elsewhere). Smaller ops, inputs, selects and
+reshapes take the partition their heaviest reader wants, as a hand-written
+strategy would lay out its data. Formations inherit.
 """
 
 from __future__ import annotations
@@ -53,10 +57,11 @@ def batch_dims(g: EinGraph, spaces: Sequence[Space]) -> list[int | None]:
 
 
 def _split(sp: Space, dim: int | None, p: int) -> Counts:
+    """As much of p as ``dim`` holds (a divisor of p), the rest shared uniformly."""
     counts = [1] * len(sp.shape)
     if dim is not None and sp.splittable[dim]:
-        counts[dim] = max(1, min(p, sp.shape[dim]))
-    return tuple(counts)
+        counts[dim] = max(d for d in range(1, p + 1) if p % d == 0 and d <= sp.shape[dim])
+    return _uniform(sp, p // counts[dim] if dim is not None else p, counts)
 
 
 def _primes(n: int) -> list[int]:
@@ -69,9 +74,9 @@ def _primes(n: int) -> list[int]:
     return [*out, n] if n > 1 else out
 
 
-def _uniform(sp: Space, p: int) -> Counts:
+def _uniform(sp: Space, p: int, start: list[int] | None = None) -> Counts:
     """Hand p's prime factors, largest first, to the dimension with the largest blocks."""
-    counts = [1] * len(sp.shape)
+    counts = list(start) if start is not None else [1] * len(sp.shape)
     for f in sorted(_primes(p), reverse=True):
         fits = [d for d in range(len(counts)) if sp.splittable[d] and counts[d] * f <= sp.shape[d]]
         if not fits:
@@ -81,11 +86,14 @@ def _uniform(sp: Space, p: int) -> Counts:
     return tuple(counts)
 
 
-def baseline(name: str, g: EinGraph, spaces: Sequence[Space], p: int, live: Sequence[bool]) -> list[Counts]:
+def baseline(
+    name: str, g: EinGraph, spaces: Sequence[Space], p: int, live: Sequence[bool], big: Sequence[bool]
+) -> list[Counts]:
+    """Block counts per node; ``big`` marks the ops that get p blocks."""
     batch = batch_dims(g, spaces)
     counts: list[Counts | None] = [None] * len(g.nodes)
     for v, sp in enumerate(spaces):
-        if sp.kind != "compute" or name == "none":
+        if not big[v] or name == "none":
             continue
         if name == "data_parallel":
             counts[v] = _split(sp, batch[v], p)
@@ -108,7 +116,7 @@ def _lay_out_data(g: EinGraph, spaces: Sequence[Space], counts: list[Counts | No
                 readers[u].append((v, k))
     for u in reversed(range(len(g.nodes))):
         sp = spaces[u]
-        if sp.kind != "data" or not readers[u]:
+        if counts[u] is not None or sp.kind in ("fill", "follow") or not readers[u]:
             continue
         v, k = max(readers[u], key=lambda r: spaces[r[0]].flops)
         if counts[v] is None:

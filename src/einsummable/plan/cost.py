@@ -77,6 +77,7 @@ class CostModel:
         self._cache: dict[tuple, np.ndarray] = {}
         self._arrays: dict[tuple, np.ndarray] = {}
         targets = [compute_target(sp, p, cluster) if sp.kind == "compute" else 1 for sp in spaces]
+        self.big = [sp.kind == "compute" and t == p for sp, t in zip(spaces, targets, strict=True)]
         sizes = sorted(set(divisors(p)) | {t for t, ok in zip(targets, live, strict=True) if ok})
         self.cands: list[np.ndarray] = []
         for nid, sp in enumerate(spaces):

@@ -1,0 +1,100 @@
+"""EinDecomp finds the textbook strategies, and beats the baselines on its own cost model."""
+
+import pytest
+
+import einsummable as es
+from einsummable.errors import PlanError
+from einsummable.ir.graph import EinsumNode
+from einsummable.plan import exhaustive
+from einsummable.plan.cluster import Cluster
+from einsummable.plan.cost import CostModel
+from einsummable.plan.planners import PLANNERS, choose, make_plan
+from einsummable.plan.space import spaces
+from workloads import SUITE, matmul
+
+
+def mlp(batch: int, d: int, hidden: int):
+    g = es.Graph()
+    x, w1, w2 = g.input("x", (batch, d)), g.input("w1", (d, hidden)), g.input("w2", (hidden, d))
+    g.output("y", es.nn.relu(x @ w1) @ w2)
+    return g.ir
+
+
+def matmul_counts(plan):
+    g = plan.graph
+    return [plan.parts[v].counts for v, n in enumerate(g.nodes) if isinstance(n, EinsumNode) and n.op.agg]
+
+
+def test_huge_batch_small_weights_is_data_parallel():
+    plan = make_plan(mlp(65536, 256, 256), Cluster.local(8))
+    # join spaces (batch, out, contracted): only the batch is cut
+    assert matmul_counts(plan) == [(8, 1, 1), (8, 1, 1)]
+    assert "data parallel on a" in str(plan)
+
+
+def test_tiny_batch_huge_weights_is_model_parallel():
+    plan = make_plan(mlp(4, 8192, 32768), Cluster.local(8))
+    # Megatron: first layer cuts w1's output dim, second cuts w2's input dim (partial sums)
+    assert matmul_counts(plan) == [(1, 8, 1), (1, 1, 8)]
+    text = str(plan)
+    assert "split b" in text and "split c (partial sums over c)" in text
+
+
+def test_big_square_matmul_at_64_is_3d():
+    plan = make_plan(matmul(8192), Cluster.local(64), compare=False)
+    assert matmul_counts(plan) == [(4, 4, 4)]
+    assert "3D on a,b,c (partial sums over c)" in str(plan)
+
+
+@pytest.mark.parametrize("p", [3, 5, 7, 12])
+def test_any_worker_count_and_never_more_blocks_than_a_dimension(p):
+    g = es.Graph()
+    a, b = g.input("a", (6, 8192)), g.input("b", (8192, 8192))
+    g.output("c", a @ b)
+    plan = make_plan(g.ir, Cluster.local(p), compare=False)
+    for sp, part in zip(plan.spaces, plan.parts, strict=True):
+        assert all(c <= n for c, n in zip(part.counts, sp.shape, strict=True))
+    (counts,) = matmul_counts(plan)
+    assert counts[0] <= 6 and counts[0] * counts[1] * counts[2] == p
+
+
+def test_tiny_ops_stay_whole():
+    g = es.Graph()
+    x = g.input("x", (16, 16))
+    g.output("y", (x @ x).sum())
+    plan = make_plan(g.ir, Cluster.local(8), compare=False)
+    assert all(part.num_blocks == 1 for part in plan.parts)
+
+
+def _costs(g, p):
+    sps, live = spaces(g), g.live()
+    model = CostModel(g, sps, p, Cluster.local(p), live)
+    return {name: model.evaluate(choose(name, g, sps, model, live), live) for name in PLANNERS}, model
+
+
+@pytest.mark.parametrize("p", [4, 16, 64, 256])
+@pytest.mark.parametrize("workload", list(SUITE))
+def test_eindecomp_moves_no_more_than_any_baseline(workload, p):
+    costs, _ = _costs(SUITE[workload](), p)
+    # "none" runs every op on one worker and is no parallel plan; it is shown, not compared
+    for name in ("data_parallel", "model_parallel", "uniform"):
+        assert costs["eindecomp"] <= costs[name] * (1 + 1e-9), (name, costs)
+
+
+@pytest.mark.parametrize("p", [4, 16, 64])
+@pytest.mark.parametrize("workload", list(SUITE))
+def test_eindecomp_is_within_5_percent_of_exhaustive(workload, p):
+    g = SUITE[workload]()
+    costs, model = _costs(g, p)
+    try:
+        best = exhaustive.optimum(g, model, g.live(), limit=5_000_000)
+    except PlanError:
+        pytest.skip("too large for exhaustive search")
+    assert best <= costs["eindecomp"] <= 1.05 * best + 1e-6
+
+
+def test_report_shows_partitions_strategies_and_baselines():
+    text = str(make_plan(mlp(65536, 256, 256), Cluster(machines=2, cores=4)))
+    for word in ("plan: eindecomp", "a:8 b:1 c:1", "flops/worker", "imbalance", "bytes moved",
+                 "across machines", "data_parallel", "model_parallel", "uniform", "none"):
+        assert word in text, word
