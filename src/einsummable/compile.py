@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from einsummable.engines import reference, sequential
+from einsummable.engines import local, reference, sequential
 from einsummable.engines.feeds import check_feeds
 from einsummable.errors import EinsummableError, PlanError
 from einsummable.frontend.core import Graph
@@ -52,14 +52,19 @@ def _sequential(graph: EinGraph, tg: TaskGraph | None) -> Runner:
     return lambda arrays, variables: sequential.run(tg, arrays, variables)
 
 
+def _local(graph: EinGraph, tg: TaskGraph | None) -> Runner:
+    return lambda arrays, variables: local.run(tg, arrays, variables)
+
+
 # Each engine builds a runner from the graph and its TaskGraph; those in WHOLE run the
 # graph undecomposed and get no TaskGraph.
 ENGINES: dict[str, Callable[[EinGraph, TaskGraph | None], Runner]] = {
     "reference": _reference,
     "sequential": _sequential,
+    "local": _local,
 }
 WHOLE = {"reference"}
-DEFAULT_ENGINE = "sequential"
+DEFAULT_ENGINE = "local"
 
 
 def _cluster(workers: int | None, cluster: Cluster | None) -> Cluster:

@@ -155,7 +155,7 @@ def _einsum(lw: _Lowering, nid: int) -> None:
         args = tuple(
             lw.fetch(u, sp.operand_box(k, box, lw.g.nodes[u].shape), w) for k, u in enumerate(node.inputs)
         )
-        t = lw.add(ApplyTask(node.op.block(box_shape(box)), args, w))
+        t = lw.add(ApplyTask(node.op.block(box_shape(box)), args, w, nid))
         idx = part.block_index(b)
         held[out.flat([idx[d] for d in sp.out_dims])].append((t, w))
     lw.outs[nid] = (out, held)

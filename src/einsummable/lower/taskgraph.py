@@ -76,6 +76,7 @@ class ApplyTask:
     op: Einsummable
     inputs: tuple[int, ...]
     loc: int
+    node: int = -1  # the EinGraph node this block belongs to, for error messages
     shape: Shape = field(init=False)
     dtype: str = field(init=False)
 
@@ -84,7 +85,7 @@ class ApplyTask:
         object.__setattr__(self, "dtype", self.op.dtype)
 
     def describe(self) -> str:
-        return f"apply[{self.op}]"
+        return f"apply[{self.op}]" + (f" of node %{self.node}" if self.node >= 0 else "")
 
 
 @dataclass(frozen=True)
