@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from einsummable.engines import local, reference, sequential
-from einsummable.engines.feeds import check_feeds
-from einsummable.errors import EinsummableError, PlanError
+from einsummable.engines.blocks import Blocks
+from einsummable.engines.feeds import check_feeds, check_inputs
+from einsummable.errors import EinsummableError, FeedError, PlanError
 from einsummable.frontend.core import Graph
 from einsummable.ir.graph import EinGraph
 from einsummable.lower.lowering import lower
@@ -17,7 +18,7 @@ from einsummable.lower.taskgraph import TaskGraph
 from einsummable.plan.cluster import Cluster
 from einsummable.plan.planners import make_plan
 
-Runner = Callable[[dict[str, np.ndarray], dict[str, float]], dict[str, np.ndarray]]
+Runner = Callable[..., dict[str, np.ndarray]]
 
 
 class Program:
@@ -40,20 +41,76 @@ class Program:
         arrays, variables = check_feeds(self.graph, feeds)
         return self._runner(arrays, variables)
 
+    def session(self, state: Mapping[str, np.ndarray]) -> Session:
+        """Keep ``state`` (parameters, optimizer moments) resident between runs."""
+        return Session(self, state)
+
     def __repr__(self) -> str:
         return f"Program(engine={self.engine!r}, nodes={len(self.graph)}, outputs={list(self.graph.outputs)})"
 
 
+class Session:
+    """Runs a program repeatedly with some inputs kept on the workers.
+
+    Every output named like a resident input replaces it after each run (the
+    optimizers name updated parameters that way), so a training loop feeds only
+    the batch and fetches only the loss:
+
+        sess = prog.session({"w": W, **step.init_state()})
+        for t in range(steps):
+            loss = sess.run({"x": X, "lr": 1e-3}, fetch=["loss"])["loss"]
+        W = sess.state()["w"]
+    """
+
+    def __init__(self, program: Program, state: Mapping[str, np.ndarray]) -> None:
+        self.program = program
+        arrays = check_inputs(program.graph, state)
+        self._state: dict[str, object] = {k: np.array(v, copy=True) for k, v in arrays.items()}
+        self._carry = frozenset(self._state) & set(program.graph.outputs)
+
+    def run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        clash = sorted(set(feeds) & set(self._state))
+        if clash:
+            raise FeedError(f"{clash} are resident in this session; feed only the other inputs")
+        outputs = self.program.graph.outputs
+        wanted = list(fetch) if fetch is not None else [n for n in outputs if n not in self._carry]
+        unknown = sorted(set(wanted) - set(outputs))
+        if unknown:
+            raise FeedError(f"cannot fetch {unknown}; the outputs are {sorted(outputs)}")
+        arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(self._state))
+        result = self.program._runner(arrays | self._state, variables, self._carry)
+        for name in self._carry:
+            self._state[name] = result[name]
+        return {n: _as_array(result[n]) for n in wanted}
+
+    def state(self) -> dict[str, np.ndarray]:
+        """The resident tensors, gathered into arrays (for a checkpoint)."""
+        return {name: _as_array(v) for name, v in self._state.items()}
+
+
+def _as_array(value: object) -> np.ndarray:
+    return value.array() if isinstance(value, Blocks) else np.array(value, copy=True)
+
+
+def _whole(run: Callable) -> Runner:
+    """Engines that take arrays: resident blocks are gathered, carried outputs returned whole."""
+
+    def runner(arrays, variables, carry=frozenset()):
+        return run({k: _as_array(v) if isinstance(v, Blocks) else v for k, v in arrays.items()}, variables)
+
+    return runner
+
+
 def _reference(graph: EinGraph, tg: TaskGraph | None) -> Runner:
-    return lambda arrays, variables: reference.run(graph, arrays, variables)
+    return _whole(lambda arrays, variables: reference.run(graph, arrays, variables))
 
 
 def _sequential(graph: EinGraph, tg: TaskGraph | None) -> Runner:
-    return lambda arrays, variables: sequential.run(tg, arrays, variables)
+    return _whole(lambda arrays, variables: sequential.run(tg, arrays, variables))
 
 
 def _local(graph: EinGraph, tg: TaskGraph | None) -> Runner:
-    return lambda arrays, variables: local.run(tg, arrays, variables)
+    return lambda arrays, variables, carry=frozenset(): local.run(tg, arrays, variables, carry)
 
 
 # Each engine builds a runner from the graph and its TaskGraph; those in WHOLE run the

@@ -48,6 +48,15 @@ def check_feeds(
     return arrays, values
 
 
+def check_inputs(graph: EinGraph, arrays: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """Check a subset of the inputs alone, such as the state a session keeps resident."""
+    inputs = {n.name: n for n in graph.nodes if isinstance(n, InputNode)}
+    unknown = sorted(set(arrays) - set(inputs))
+    if unknown:
+        raise FeedError(f"{unknown} are not inputs of the graph; its inputs are {sorted(inputs)}")
+    return {name: _check_array(name, inputs[name], value) for name, value in arrays.items()}
+
+
 def _check_array(name: str, node: InputNode, value: object) -> np.ndarray:
     want = to_numpy(node.dtype)
     if isinstance(value, int | float) and not isinstance(value, bool) and node.shape == ():

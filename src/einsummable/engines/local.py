@@ -20,6 +20,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from einsummable.engines import kernels, scheduler
+from einsummable.engines.blocks import Blocks
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (
     ApplyTask,
@@ -40,7 +41,8 @@ def _slices(box) -> tuple[slice, ...]:
 
 
 def _input(task: InputTask, args, feeds, variables):
-    return feeds[task.name][_slices(task.box)]
+    src = feeds[task.name]
+    return src.get(task.box) if isinstance(src, Blocks) else src[_slices(task.box)]
 
 
 def _constant(task: ConstantTask, args, feeds, variables):
@@ -134,9 +136,13 @@ class _Ticker:
             self.bar.__exit__()
 
 
-def run(tg: TaskGraph, feeds: dict[str, np.ndarray], variables: dict[str, float] | None = None,
-        ) -> dict[str, np.ndarray]:
-    """Execute the TaskGraph on ``tg.workers`` threads; assemble the outputs."""
+def run(tg: TaskGraph, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
+        carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
+    """Execute the TaskGraph on ``tg.workers`` threads.
+
+    Outputs named in ``carry`` come back as their blocks, unassembled, ready to be
+    fed to the next run; the others are assembled into arrays.
+    """
     variables = variables or {}
     tasks = tg.tasks
     keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
@@ -155,13 +161,15 @@ def run(tg: TaskGraph, feeds: dict[str, np.ndarray], variables: dict[str, float]
             )
         finally:
             ticker.close()
-    result = {}
+    result: dict[str, np.ndarray | Blocks] = {}
     for name, out in tg.outputs.items():
-        if len(out.blocks) == 1:
+        if name in carry:
+            result[name] = Blocks(out.shape, out.dtype, {box: values[t] for t, box in out.blocks})
+        elif len(out.blocks) == 1:
             result[name] = np.array(values[out.blocks[0][0]], dtype=to_numpy(out.dtype), copy=True)
-            continue
-        array = np.empty(out.shape, dtype=to_numpy(out.dtype))
-        for t, box in out.blocks:
-            array[_slices(box)] = values[t]
-        result[name] = array
+        else:
+            array = np.empty(out.shape, dtype=to_numpy(out.dtype))
+            for t, box in out.blocks:
+                array[_slices(box)] = values[t]
+            result[name] = array
     return result

@@ -1,0 +1,73 @@
+"""Resident state: parameters and optimizer state stay on the workers between runs."""
+
+import numpy as np
+import pytest
+
+import einsummable as es
+from einsummable.engines.blocks import Blocks
+
+
+def mlp_step():
+    g = es.Graph()
+    x = g.input("x", (32, 12))
+    y = g.input("y", (32,))
+    w1 = g.input("w1", (12, 24))
+    w2 = g.input("w2", (24, 5))
+    loss = es.nn.cross_entropy(es.nn.relu(x @ w1) @ w2, y)
+    step = es.train.adamw(loss, [w1, w2], lr="lr", weight_decay=0.1)
+    rng = np.random.default_rng(0)
+    params = {"w1": rng.standard_normal((12, 24), dtype=np.float32) * 0.3,
+              "w2": rng.standard_normal((24, 5), dtype=np.float32) * 0.3}
+    batch = {"x": rng.standard_normal((32, 12), dtype=np.float32),
+             "y": rng.integers(0, 5, 32).astype(np.float32)}
+    return g, step, params, batch
+
+
+@pytest.mark.parametrize("engine,workers", [("local", 1), ("local", 3), ("sequential", 2), ("reference", 1)])
+def test_session_equals_feeding_the_state_each_step(engine, workers):
+    g, step, params, batch = mlp_step()
+    prog = es.compile(g, workers=workers, engine=engine)
+    state = params | step.init_state()
+    losses = []
+    for t in range(5):
+        out = prog.run(state | batch | {"lr": 0.01 * (t + 1)})
+        losses.append(float(out["loss"]))
+        state = step.carry(out)
+    sess = prog.session(params | step.init_state())
+    got = [float(sess.run(batch | {"lr": 0.01 * (t + 1)}, fetch=["loss"])["loss"]) for t in range(5)]
+    np.testing.assert_allclose(got, losses, rtol=1e-6)
+    final = sess.state()
+    for name in state:
+        np.testing.assert_allclose(final[name], state[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_local_sessions_keep_blocks_not_arrays():
+    g, step, params, batch = mlp_step()
+    sess = es.compile(g, workers=2).session(params | step.init_state())
+    out = sess.run(batch | {"lr": 0.01}, fetch=["loss"])
+    assert set(out) == {"loss"}
+    assert all(isinstance(sess._state[n], Blocks) for n in ("w1", "w2", "w1.m", "adam.step"))
+
+
+def test_session_errors_name_the_problem():
+    g, step, params, batch = mlp_step()
+    prog = es.compile(g, workers=2)
+    sess = prog.session(params | step.init_state())
+    with pytest.raises(es.FeedError, match="resident"):
+        sess.run(batch | {"lr": 0.1, "w1": params["w1"]})
+    with pytest.raises(es.FeedError, match="fetch"):
+        sess.run(batch | {"lr": 0.1}, fetch=["nope"])
+    with pytest.raises(es.FeedError, match="missing"):
+        sess.run({"x": batch["x"], "lr": 0.1})
+    with pytest.raises(es.FeedError, match="not inputs"):
+        prog.session({"zz": params["w1"]})
+    with pytest.raises(es.FeedError, match="shape"):
+        prog.session({"w1": params["w2"]})
+
+
+def test_blocks_serve_any_box():
+    full = np.arange(24.0).reshape(4, 6)
+    b = Blocks((4, 6), "f64", {((0, 2), (0, 6)): full[:2], ((2, 4), (0, 6)): full[2:]})
+    np.testing.assert_array_equal(b.get(((1, 3), (2, 5))), full[1:3, 2:5])
+    assert b.get(((0, 2), (0, 6))) is b.blocks[((0, 2), (0, 6))]
+    np.testing.assert_array_equal(b.array(), full)
