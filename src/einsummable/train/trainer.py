@@ -99,8 +99,22 @@ class Trainer:
             self.update = self._optimizer(u, up, objective)
         graph = self._remat(g, loss, residuals) if cfg.accum == 1 else self.update_graph
         self.program = compile(graph, **options)
-        self.state = dict(params) | (opt_state if opt_state is not None else self.update.init_state())
+        if opt_state is not None:
+            self._check_optimizer_state(opt_state)
+        state = dict(params) | (opt_state if opt_state is not None else self.update.init_state())
+        self.session = self.program.session(state)  # weights and moments stay on the workers
         self.losses: list[float] = []
+
+    def _check_optimizer_state(self, opt_state: dict[str, np.ndarray]) -> None:
+        for spec in self.update.state:
+            have = opt_state.get(spec.name)
+            if have is None:
+                raise CheckpointError(f"optimizer tensor {spec.name!r} is missing from the checkpoint")
+            if have.shape != spec.shape or have.dtype != to_numpy(spec.dtype):
+                raise CheckpointError(
+                    f"optimizer tensor {spec.name!r} is {have.dtype}{list(have.shape)}, "
+                    f"expected {spec.dtype}{list(spec.shape)}"
+                )
 
     def _remat(self, g: Graph, loss, residuals: list):
         return rematerialize(g.ir, loss, residuals) if self.cfg.remat else g
@@ -112,30 +126,34 @@ class Trainer:
                      weight_decay=c.weight_decay, clip_norm=c.clip_norm)
 
     @property
+    def state(self) -> dict[str, np.ndarray]:
+        """Parameters and optimizer state, gathered from the workers."""
+        return self.session.state()
+
+    @property
     def params(self) -> dict[str, np.ndarray]:
-        return {name: self.state[name] for name in self.update.params}
+        state = self.state
+        return {name: state[name] for name in self.update.params}
 
     def train_step(self) -> float:
         """One optimizer step; returns the mean loss over its micro-batches."""
         lr = lr_at(self.step, self.cfg)
         if self.cfg.accum == 1:
             tokens = batch_at(self.data, self.cfg, self.step)
-            out = self.program.run(self.state | {"tokens": tokens, "lr": lr})
-            loss = float(out["loss"])
+            loss = float(self.session.run({"tokens": tokens, "lr": lr}, fetch=["loss"])["loss"])
         else:
+            params = self.params
             grads: dict[str, np.ndarray] = {}
             total = 0.0
             for m in range(self.cfg.accum):
                 tokens = batch_at(self.data, self.cfg, self.step, m)
-                out = self.micro.run(self.params | {"tokens": tokens})
+                out = self.micro.run(params | {"tokens": tokens})
                 total += float(out["loss"])
                 for name in self.update.params:
                     d = out["grad:" + name] / self.cfg.accum
                     grads[name] = grads[name] + d if name in grads else d
-            feeds = self.state | {"grad:" + n: d for n, d in grads.items()} | {"lr": lr}
-            out = self.program.run(feeds)
+            self.session.run({"grad:" + n: d for n, d in grads.items()} | {"lr": lr}, fetch=[])
             loss = total / self.cfg.accum
-        self.state = self.update.carry(out)
         self.step += 1
         self.losses.append(loss)
         return loss
@@ -145,8 +163,9 @@ class Trainer:
     def save(self, directory: str | Path) -> None:
         """Weights in the Hugging Face layout, optimizer state, and where the run stands."""
         directory = Path(directory)
-        weights.save(directory, self.model, self.params)
-        state = {s.name: self.state[s.name] for s in self.update.state}
+        everything = self.state
+        weights.save(directory, self.model, {name: everything[name] for name in self.update.params})
+        state = {s.name: everything[s.name] for s in self.update.state}
         safetensors_io.save(state, directory / "optimizer.safetensors")
         meta = {"step": self.step, "train": asdict(self.cfg), "losses": self.losses}
         (directory / "trainer.json").write_text(json.dumps(meta, indent=2))
@@ -162,14 +181,5 @@ class Trainer:
         cfg = TrainConfig(**meta["train"])
         opt_state = safetensors_io.load(directory / "optimizer.safetensors")
         trainer = cls(model, params, cfg, data, opt_state=opt_state, step=meta["step"], **options)
-        for spec in trainer.update.state:
-            have = opt_state.get(spec.name)
-            if have is None:
-                raise CheckpointError(f"{directory}: optimizer tensor {spec.name!r} is missing")
-            if have.shape != spec.shape or have.dtype != to_numpy(spec.dtype):
-                raise CheckpointError(
-                    f"{directory}: optimizer tensor {spec.name!r} is {have.dtype}{list(have.shape)}, "
-                    f"expected {spec.dtype}{list(spec.shape)}"
-                )
         trainer.losses = list(meta.get("losses", []))
         return trainer
