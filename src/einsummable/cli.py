@@ -20,6 +20,7 @@ from einsummable.generate import Generator
 from einsummable.models import tokenizer as tokenizers
 from einsummable.models import weights
 from einsummable.models.llama import LlamaConfig
+from einsummable.plan import report
 from einsummable.progress import Progress
 from einsummable.train.trainer import TrainConfig, Trainer, init_params
 
@@ -53,8 +54,7 @@ def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:
 
 
 def _summary(plan: object) -> str:
-    summary = getattr(plan, "summary", None)
-    return summary() if callable(summary) else str(plan)
+    return str(plan) if isinstance(plan, str) else report.brief(plan)
 
 
 def plot_losses(losses: list[float], path: Path) -> Path:

@@ -71,3 +71,20 @@ def render(plan) -> str:
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     lines.extend("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table)
     return "\n".join(lines)
+
+
+def brief(plan) -> str:
+    """The report without its per-node rows: strategy counts and the baseline table."""
+    full = render(plan).splitlines()
+    g = plan.graph
+    live = g.live()
+    batch = batch_dims(g, plan.spaces)
+    counts: dict[str, int] = {}
+    for v, node in enumerate(g.nodes):
+        if live[v] and isinstance(node, EinsumNode):
+            what = strategy(plan.spaces[v].names, plan.parts[v].counts, plan.spaces[v].aggregated, batch[v])
+            kind = what.split(" (")[0] if what.startswith(("data", "whole")) else what.split(" ")[0]
+            counts[kind] = counts.get(kind, 0) + 1
+    mix = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    table = full[full.index("") + 1 :]
+    return "\n".join([full[0], f"  einsums: {mix}", *table])
