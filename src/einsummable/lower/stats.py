@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from einsummable.ir.dtypes import itemsize
-from einsummable.lower.taskgraph import ApplyTask, MoveTask, TaskGraph, fmt_box
+from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, TaskGraph, fmt_box
 from einsummable.plan.cluster import Cluster
 
 
@@ -80,3 +80,27 @@ def to_dot(tg: TaskGraph) -> str:
         lines.extend(f'  t{t} -> out_{name} [label="{fmt_box(box)}"];' for t, box in out.blocks)
     lines.append("}")
     return "\n".join(lines)
+
+
+def live_bytes(tg: TaskGraph) -> int:
+    """The largest set of blocks alive at once when the tasks run in order, each freed
+    after its last reader. Input blocks and moves are views of memory held elsewhere
+    (the feeds, another block), so they count nothing; output blocks live to the end."""
+    readers = [0] * len(tg.tasks)
+    for task in tg.tasks:
+        for i in task.inputs:
+            readers[i] += 1
+    for out in tg.outputs.values():
+        for t, _ in out.blocks:
+            readers[t] += 1
+    size = [0 if isinstance(t, InputTask | MoveTask) else math.prod(t.shape) * itemsize(t.dtype)
+            for t in tg.tasks]
+    live = peak = 0
+    for k, task in enumerate(tg.tasks):
+        live += size[k]
+        peak = max(peak, live)
+        for i in task.inputs:
+            readers[i] -= 1
+            if readers[i] == 0:
+                live -= size[i]
+    return peak
