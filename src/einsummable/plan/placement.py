@@ -14,7 +14,6 @@ Policy, node by node in topological order (list scheduling on the cluster model)
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,8 @@ from einsummable.plan.cluster import Cluster
 from einsummable.plan.partition import Partition
 from einsummable.plan.space import Space
 from einsummable.plan.traffic import EdgeCost, Holders, block_indices, edge_cost, flops_per_block, holders
+
+ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def place(
     flops = np.zeros(workers)
     locs: list[tuple[int, ...]] = []
     held: list[Holders | None] = []
-    seen: dict[tuple[int, object], set[tuple[int, int]]] = {}
+    seen: dict[tuple[int, object], np.ndarray] = {}  # reads made: key * workers + location
     moved = [0, 0]
     for nid, (node, sp, part) in enumerate(zip(g.nodes, spaces, parts, strict=True)):
         n = part.num_blocks
@@ -78,24 +79,30 @@ def place(
             work = flops_per_block(sp, part) / cluster.flops_per_core
             groups = _groups(sp, part) if sp.aggregated else None
             start = max((done[u] for u in node.inputs), default=0.0)
-            where, done[nid] = _assign(seconds + start, work, ready, machines, groups)
+            placed, done[nid] = _assign(seconds + start, work, ready, machines, groups)
             for c, u in zip(costs, node.inputs, strict=True):
-                _count(c, where, seen.setdefault((u, c.tag), set()), moved)
-            for b, w in enumerate(where):
-                flops[w] += work[b] * cluster.flops_per_core
+                _count(c, placed, seen, u, moved)
+            np.add.at(flops, placed, work * cluster.flops_per_core)
+            where = tuple(int(w) for w in placed)
         locs.append(where)
         held.append(holders(sp, part, where))
     return tuple(locs), tuple(float(f) for f in flops), moved[0], moved[1]
 
 
-def _count(c: EdgeCost, where: tuple[int, ...], seen: set[tuple[int, int]], moved: list[int]) -> None:
+def _count(c: EdgeCost, where: np.ndarray, seen: dict, u: int, moved: list[int]) -> None:
     """Add the bytes of reads not yet made at their location (moves are shared)."""
-    for b, w in enumerate(where):
-        read = (int(c.key[b]), w)
-        if read not in seen:
-            seen.add(read)
-            moved[0] += int(c.within[b, w])
-            moved[1] += int(c.across[b, w])
+    workers = c.within.shape[1]
+    codes = c.key * workers + where
+    fresh, first = np.unique(codes, return_index=True)
+    old = seen.get((u, c.tag))
+    if old is not None:
+        keep = ~np.isin(fresh, old)
+        fresh, first = fresh[keep], first[keep]
+        seen[(u, c.tag)] = np.concatenate([old, fresh])
+    else:
+        seen[(u, c.tag)] = fresh
+    moved[0] += int(c.within[first, where[first]].sum())
+    moved[1] += int(c.across[first, where[first]].sum())
 
 
 def _groups(sp: Space, part: Partition) -> np.ndarray:
@@ -109,26 +116,43 @@ def _groups(sp: Space, part: Partition) -> np.ndarray:
 
 def _assign(
     arrival: np.ndarray, work: np.ndarray, ready: np.ndarray, machines: np.ndarray, groups: np.ndarray | None
-) -> tuple[tuple[int, ...], float]:
-    """Greedy earliest finish per block; updates ``ready``, returns locations and the last finish."""
+) -> tuple[np.ndarray, float]:
+    """Earliest finish per block, in a few rounds: every open block bids for its best worker
+    with room, and each worker takes its earliest-finishing bidders; blocks still open
+    after that go to the workers with room that are free first. Updates ``ready``."""
     n, workers = arrival.shape
-    cap = math.ceil(n / workers)
-    taken = np.zeros(workers, dtype=np.int64)
-    group_machine: dict[int, int] = {}
-    where = []
-    last = 0.0
-    for b in range(n):
-        finish = np.maximum(ready, arrival[b]) + work[b]
-        score = np.where(taken < cap, finish, np.inf)
-        if groups is not None and int(groups[b]) in group_machine:
-            home = machines == group_machine[int(groups[b])]
-            if np.isfinite(score[home]).any():
-                score = np.where(home, score, np.inf)
-        w = int(np.argmin(score))
-        where.append(w)
-        taken[w] += 1
-        ready[w] = finish[w]
-        last = max(last, float(finish[w]))
+    finish = np.maximum(ready[None, :], arrival) + work[:, None]
+    # equal finishes: block b leans toward worker b, so ties spread instead of colliding
+    finish = finish + 1e-12 * ((np.arange(workers)[None, :] - np.arange(n)[:, None]) % workers)
+    room = np.full(workers, -(-n // workers))
+    where = np.full(n, -1, dtype=np.int64)
+    open_ = np.arange(n)
+    home = np.full(int(groups.max()) + 1 if groups is not None else 0, -1)
+    for _ in range(ROUNDS):
+        if not len(open_):
+            break
+        score = np.where(room[None, :] > 0, finish[open_], np.inf)
+        if groups is not None:  # a partial-sum group stays on the machine it started on
+            h = home[groups[open_]]
+            away = (h[:, None] >= 0) & (machines[None, :] != h[:, None])
+            fenced = np.where(away, np.inf, score)
+            score = np.where(np.isfinite(fenced).any(axis=1)[:, None], fenced, score)
+        best = np.argmin(score, axis=1)
+        order = np.lexsort((score[np.arange(len(open_)), best], best))
+        rank = np.arange(len(order)) - np.searchsorted(best[order], best[order])
+        take = order[rank < room[best[order]]]
+        blocks, ws = open_[take], best[take]
+        where[blocks] = ws
+        np.subtract.at(room, ws, 1)
         if groups is not None:
-            group_machine.setdefault(int(groups[b]), int(machines[w]))
-    return tuple(where), last
+            fresh = home[groups[blocks]] < 0
+            home[groups[blocks][fresh]] = machines[ws[fresh]]
+        open_ = np.setdiff1d(open_, blocks)
+    if len(open_):
+        slots = np.repeat(np.arange(workers), room)
+        slots = slots[np.argsort(ready[slots], kind="stable")]
+        where[open_] = slots[: len(open_)]
+    for w in np.unique(where):  # a worker with several blocks runs them back to back
+        mine = where == w
+        ready[w] = max(ready[w], arrival[mine, w].min()) + work[mine].sum()
+    return where, float(ready[np.unique(where)].max()) if n else 0.0

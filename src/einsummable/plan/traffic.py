@@ -22,40 +22,39 @@ from einsummable.plan.partition import Box, Partition, intersect, volume
 from einsummable.plan.space import Space
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Holders:
-    """Where each block of a node's output lives: one location, or several for partial sums."""
+    """Where each block of a node's output lives: one location, or several for partial sums.
+
+    Entries are unique (block, location) pairs sorted by block, as flat arrays.
+    """
 
     part: Partition
-    locs: tuple[tuple[int, ...], ...]
+    block: np.ndarray
+    loc: np.ndarray
 
-    def matrix(self, workers: int) -> np.ndarray:
-        """[blocks, workers]: 1 where a block (or a partial piece of it) lives."""
-        h = np.zeros((self.part.num_blocks, workers), dtype=np.float64)
-        for q, ws in enumerate(self.locs):
-            h[q, list(ws)] = 1.0
-        return h
+    def entries_of(self, qs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each q in ``qs`` (repeats allowed), all its holders: (position in qs, location)."""
+        starts = np.searchsorted(self.block, np.arange(self.part.num_blocks))
+        counts = np.bincount(self.block, minlength=self.part.num_blocks)
+        rep = counts[qs]
+        pos = np.repeat(np.arange(len(qs)), rep)
+        offset = np.arange(rep.sum()) - np.repeat(np.cumsum(rep) - rep, rep)
+        return pos, self.loc[starts[qs][pos] + offset]
 
 
 def holders(sp: Space, part: Partition, locs: tuple[int, ...]) -> Holders:
     """The output blocks of a placed node; a partial einsum has one piece per join block."""
     out = part.restrict(sp.out_dims)
+    where = np.array(locs, dtype=np.int64)
     if not sp.aggregated:
-        return Holders(out, tuple((w,) for w in locs))
-    pieces: list[set[int]] = [set() for _ in range(out.num_blocks)]
-    counts = part.counts
-    for b, w in enumerate(locs):
-        idx = _unflat(b, counts)
-        pieces[out.flat([idx[d] for d in sp.out_dims])].add(w)
-    return Holders(out, tuple(tuple(sorted(s)) for s in pieces))
-
-
-def _unflat(flat: int, counts: tuple[int, ...]) -> tuple[int, ...]:
-    out = []
-    for c in reversed(counts):
-        flat, r = divmod(flat, c)
-        out.append(r)
-    return tuple(reversed(out))
+        return Holders(out, np.arange(out.num_blocks), where)
+    idx = block_indices(part.counts)
+    q = np.zeros(part.num_blocks, dtype=np.int64)
+    for d in sp.out_dims:
+        q = q * part.counts[d] + idx[:, d]
+    pairs = np.unique(np.stack([q, where], axis=1), axis=0)
+    return Holders(out, pairs[:, 0], pairs[:, 1])
 
 
 def block_indices(counts: tuple[int, ...]) -> np.ndarray:
@@ -107,11 +106,6 @@ def edge_cost(
         zero = np.zeros((part.num_blocks, workers))
         return EdgeCost(zero, zero, ("fill", nid), np.arange(part.num_blocks))
     size = itemsize(src.dtype)
-    h = prod.matrix(workers)
-    nh = h.sum(axis=1)
-    m_count = np.zeros((h.shape[0], int(machines.max()) + 1))
-    for m in range(m_count.shape[1]):
-        m_count[:, m] = h[:, machines == m].sum(axis=1)
     if isinstance(node, Select):
         vol, key = _select_volumes(node, k, part, prod.part)
         tag: object = ("select", nid, k)
@@ -119,22 +113,27 @@ def edge_cost(
         opart = operand_partition(sp, k, part, src.shape)
         vol = overlap_volumes(opart, prod.part)
         idx = block_indices(part.counts)
-        sub = [d for d in sp.operands[k] if d is not None]
         ocounts = [c for c, d in zip(opart.counts, sp.operands[k], strict=True) if d is not None]
         key = np.zeros(part.num_blocks, dtype=np.int64)
-        for d, c in zip(sub, ocounts, strict=True):
+        for d, c in zip([d for d in sp.operands[k] if d is not None], ocounts, strict=True):
             key = key * c + idx[:, d]
-        vol = vol[key]
         tag = opart
-    total = vol @ nh
-    on_machine = vol @ m_count[:, machines]
-    here = vol @ h
+    # sparse: each read block overlaps few producer blocks, each held in one place or a few
+    rows, qs = np.nonzero(vol)
+    pos, loc = prod.entries_of(qs)
+    r, v = rows[pos], vol[rows, qs][pos]
+    n_rows, n_machines = vol.shape[0], int(machines.max()) + 1
+    total = np.bincount(r, weights=v, minlength=n_rows)
+    here = np.bincount(r * workers + loc, weights=v, minlength=n_rows * workers).reshape(n_rows, workers)
+    per_machine = np.bincount(r * n_machines + machines[loc], weights=v, minlength=n_rows * n_machines)
+    on_machine = per_machine.reshape(n_rows, n_machines)[:, machines]
     across = (total[:, None] - on_machine) * size
     within = (on_machine - here) * size
-    return EdgeCost(within, across, tag, key)
+    return EdgeCost(within[key], across[key], tag, key)
 
 
 def _select_volumes(node: Select, k: int, part: Partition, prod: Partition) -> tuple[np.ndarray, np.ndarray]:
+    """[select blocks, producer blocks] read volumes; equal source boxes in a block are read once."""
     vol = np.zeros((part.num_blocks, prod.num_blocks))
     for b, box in enumerate(part.boxes()):
         boxes = {src for _, (j, src), _ in select_reads(node, box) if j == k}
