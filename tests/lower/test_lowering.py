@@ -119,3 +119,15 @@ def test_compile_exposes_plan_and_taskgraph():
     ref = es.compile(g, engine="reference")
     f = _feeds(g.ir)
     np.testing.assert_allclose(prog.run(f)["y"], ref.run(f)["y"], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "local"])
+def test_empty_tensors_lower_to_constants(engine):
+    g = es.Graph()
+    x, w = g.input("x", (0, 4)), g.input("w", (4, 3))
+    g.output("y", x @ w)
+    g.output("s", (x @ w).sum())
+    prog = es.compile(g, workers=3, engine=engine)
+    assert not any(isinstance(t, PartialTask) and not t.pieces for t in prog.taskgraph.tasks)
+    out = prog.run({"x": np.zeros((0, 4), np.float32), "w": np.ones((4, 3), np.float32)})
+    assert out["y"].shape == (0, 3) and out["s"] == 0

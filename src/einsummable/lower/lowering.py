@@ -115,6 +115,9 @@ class _Lowering:
         return self.partial(ts, srcs, dsts, shape, node.dtype, agg, w)
 
     def partial(self, ts, srcs, dsts, shape, dtype: str, agg: str | None, loc: int, pad: float = 0.0) -> int:
+        """A partial of the given pieces; with none (an empty or all-padding block), a constant."""
+        if not ts:
+            return self.add(ConstantTask(Constant(pad), tuple((0, n) for n in shape), dtype, loc))
         inputs: list[int] = []
         pieces = []
         for t, src, dst in zip(ts, srcs, dsts, strict=True):
@@ -180,8 +183,6 @@ def _select(lw: _Lowering, nid: int) -> None:
             return ts[0]
         srcs = [tuple((0, hi - lo) for lo, hi in src) for _, (_, src), _ in reads]
         dsts = [tuple(lo for lo, _ in local) for _, _, local in reads]
-        if not ts:
-            return lw.add(ConstantTask(Constant(node.pad), tuple((0, n) for n in shape), node.dtype, w))
         return lw.partial(ts, srcs, dsts, shape, node.dtype, None, w, node.pad)
 
     _single(lw, nid, make)
