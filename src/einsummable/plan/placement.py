@@ -25,6 +25,7 @@ from einsummable.plan.space import Space
 from einsummable.plan.traffic import EdgeCost, Holders, block_indices, edge_cost, flops_per_block, holders
 
 ROUNDS = 4
+LEAN = 0.1  # the preference for a block's own worker, in units of the block's flop time
 
 
 @dataclass(frozen=True)
@@ -122,8 +123,10 @@ def _assign(
     after that go to the workers with room that are free first. Updates ``ready``."""
     n, workers = arrival.shape
     finish = np.maximum(ready[None, :], arrival) + work[:, None]
-    # equal finishes: block b leans toward worker b, so ties spread instead of colliding
-    finish = finish + 1e-12 * ((np.arange(workers)[None, :] - np.arange(n)[:, None]) % workers)
+    # block b leans toward worker b mod p, as inputs do: near-ties spread instead of colliding,
+    # and nodes with equal partitions line up, so elementwise readers find their operands local
+    rank = (np.arange(workers)[None, :] - np.arange(n)[:, None]) % workers
+    finish = finish + (rank > 0) * LEAN * work[:, None] + 1e-12 * rank
     room = np.full(workers, -(-n // workers))
     where = np.full(n, -1, dtype=np.int64)
     open_ = np.arange(n)
