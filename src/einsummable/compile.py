@@ -36,9 +36,10 @@ class Program:
         self.plan = plan
         self.taskgraph = taskgraph
         self._runner = runner
+        self.variables = graph.variables()
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
-        arrays, variables = check_feeds(self.graph, feeds)
+        arrays, variables = check_feeds(self.graph, feeds, variables=self.variables)
         return self._runner(arrays, variables)
 
     def session(self, state: Mapping[str, np.ndarray]) -> Session:
@@ -77,7 +78,8 @@ class Session:
         unknown = sorted(set(wanted) - set(outputs))
         if unknown:
             raise FeedError(f"cannot fetch {unknown}; the outputs are {sorted(outputs)}")
-        arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(self._state))
+        arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(self._state),
+                                        variables=self.program.variables)
         result = self.program._runner(arrays | self._state, variables, self._carry)
         for name in self._carry:
             self._state[name] = result[name]
@@ -110,7 +112,7 @@ def _sequential(graph: EinGraph, tg: TaskGraph | None) -> Runner:
 
 
 def _local(graph: EinGraph, tg: TaskGraph | None) -> Runner:
-    return lambda arrays, variables, carry=frozenset(): local.run(tg, arrays, variables, carry)
+    return local.LocalProgram(tg).run
 
 
 # Each engine builds a runner from the graph and its TaskGraph; those in WHOLE run the

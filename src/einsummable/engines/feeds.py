@@ -12,16 +12,19 @@ from einsummable.ir.graph import EinGraph, InputNode
 
 
 def check_feeds(
-    graph: EinGraph, feeds: Mapping[str, object], resident: frozenset[str] = frozenset()
+    graph: EinGraph, feeds: Mapping[str, object], resident: frozenset[str] = frozenset(),
+    variables: set[str] | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Split feeds into graph inputs and run-time variables, or say what is wrong.
 
-    ``resident`` names inputs that an engine already holds and need not be fed.
+    ``resident`` names inputs that an engine already holds and need not be fed;
+    ``variables`` (the graph's run-time variables) may be passed in once computed.
     """
     if not isinstance(feeds, Mapping):
         raise FeedError(f"feeds must be a dict of name -> array, got {type(feeds).__name__}")
     inputs = {n.name: n for n in graph.nodes if isinstance(n, InputNode)}
-    variables = graph.variables()
+    if variables is None:
+        variables = graph.variables()
     extra = sorted(set(feeds) - set(inputs) - variables)
     if extra:
         raise FeedError(

@@ -7,7 +7,7 @@ its compiled join over broadcast views followed by a ufunc reduction.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -89,36 +89,59 @@ def whole(shape: Sequence[int]) -> Box:
     return tuple((0, n) for n in shape)
 
 
-def fast_einsum(
-    op: Einsummable,
-    arrays: Sequence[np.ndarray],
-    variables: dict | None = None,
-    out: np.ndarray | None = None,
-) -> np.ndarray:
-    """The engines' kernel: BLAS for contractions, compiled joins for the rest.
+Kernel = Callable[[Sequence[np.ndarray], dict | None], np.ndarray]
 
-    Contractions lower to transpose + reshape + ``np.matmul`` (batched GEMM),
-    which measured far faster here than ``np.einsum``. Writes into ``out`` when given.
+
+@functools.lru_cache(maxsize=8192)
+def prepare(op: Einsummable) -> Kernel:
+    """The engines' kernel for ``op``, chosen once: BLAS for contractions, gathers for
+    equality joins, compiled joins for the rest.
+
+    Contractions lower to transpose + reshape + ``np.matmul`` (batched GEMM), which
+    measured far faster here than ``np.einsum``. The result may be a read-only view
+    (of an input, or broadcast); engines never write into blocks they did not make.
     """
+    dtype = to_numpy(op.dtype)
     match = _equality_gather(op)
     if op.is_contraction():
-        result = _contract(op, arrays)
+        def body(arrays, variables):
+            return _contract(op, arrays)
     elif match is not None:
-        result = _gather(op, arrays, *match)
+        def body(arrays, variables):
+            return _gather(op, arrays, *match)
     elif op.join == IDENTITY and len(op.inputs) == 1:
-        view = _align(arrays[0], op.inputs[0], op.rank)
-        result = REDUCE[op.agg].reduce(view, axis=op.aggregated) if op.agg else view
+        reduce = REDUCE[op.agg].reduce if op.agg else None
+
+        def body(arrays, variables):
+            view = _align(arrays[0], op.inputs[0], op.rank)
+            return reduce(view, axis=op.aggregated) if reduce else view
     else:
-        views = [_align(a, idx, op.rank) for a, idx in zip(arrays, op.inputs, strict=True)]
         fn = compiled(op.join, op.dtypes)
-        if op.agg is None and out is not None and out.shape == op.out_shape:
-            return fn(*views, out=out, variables=variables)
-        result = fn(*views, variables=variables)
-        if op.agg is not None:
-            result = REDUCE[op.agg].reduce(result, axis=op.aggregated)
+        reduce = REDUCE[op.agg].reduce if op.agg else None
+
+        def body(arrays, variables):
+            views = [_align(a, idx, op.rank) for a, idx in zip(arrays, op.inputs, strict=True)]
+            result = fn(*views, variables=variables)
+            return reduce(result, axis=op.aggregated) if reduce else result
+
+    shape = op.out_shape
+
+    def kernel(arrays: Sequence[np.ndarray], variables: dict | None = None) -> np.ndarray:
+        result = body(arrays, variables)
+        if result.dtype != dtype:
+            result = result.astype(dtype)
+        return result if result.shape == shape else np.broadcast_to(result, shape)
+
+    return kernel
+
+
+def fast_einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None = None,
+                out: np.ndarray | None = None) -> np.ndarray:
+    """Run the prepared kernel once; into ``out`` when given."""
+    result = prepare(op)(arrays, variables)
     if out is None:
-        out = np.empty(op.out_shape, dtype=to_numpy(op.dtype))
-    np.copyto(out, np.broadcast_to(result, op.out_shape), casting="unsafe")
+        return result
+    np.copyto(out, result, casting="unsafe")
     return out
 
 

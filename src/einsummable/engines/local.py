@@ -40,59 +40,76 @@ def _slices(box) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in box)
 
 
-def _input(task: InputTask, args, feeds, variables):
-    src = feeds[task.name]
-    return src.get(task.box) if isinstance(src, Blocks) else src[_slices(task.box)]
+def _input(task: InputTask):
+    box = _slices(task.box)
+
+    def run(args, feeds, variables):
+        src = feeds[task.name]
+        return src.get(task.box) if isinstance(src, Blocks) else src[box]
+
+    return run
 
 
-def _constant(task: ConstantTask, args, feeds, variables):
-    return kernels.fill(task.kind, task.dtype, task.box)
+def _constant(task: ConstantTask):
+    return lambda args, feeds, variables: kernels.fill(task.kind, task.dtype, task.box)
 
 
-def _apply(task: ApplyTask, args, feeds, variables):
-    return kernels.fast_einsum(task.op, args, variables)
+def _apply(task: ApplyTask):
+    kernel = kernels.prepare(task.op)
+    return lambda args, feeds, variables: kernel(args, variables)
 
 
-def _move(task: MoveTask, args, feeds, variables):
-    return args[0][_slices(task.box)]  # one address space: a view is the move
+def _move(task: MoveTask):
+    box = _slices(task.box)
+    return lambda args, feeds, variables: args[0][box]  # one address space: a view is the move
 
 
-def _partial(task: PartialTask, args, feeds, variables):
-    shape = task.shape
-    full = tuple((0, n) for n in shape)
-    pieces = task.pieces
-    if all(p.dst_box == full for p in pieces):
-        first = args[pieces[0].input][_slices(pieces[0].src)]
-        if len(pieces) == 1:
-            return first
-        out = np.array(first, dtype=to_numpy(task.dtype), copy=True)
-        reduce = kernels.REDUCE[task.agg]
-        for p in pieces[1:]:
-            reduce(out, args[p.input][_slices(p.src)], out=out)
+def _partial(task: PartialTask):
+    full = tuple((0, n) for n in task.shape)
+    pieces = [(p.input, _slices(p.src), _slices(p.dst_box), p.dst_box == full) for p in task.pieces]
+    dtype = to_numpy(task.dtype)
+    reduce = kernels.REDUCE[task.agg] if task.agg else None
+    if all(whole for *_, whole in pieces):
+        (k0, src0, _, _), rest = pieces[0], pieces[1:]
+
+        def accumulate(args, feeds, variables):
+            if not rest:
+                return args[k0][src0]
+            out = np.array(args[k0][src0], dtype=dtype, copy=True)
+            for k, src, _, _ in rest:
+                reduce(out, args[k][src], out=out)  # partial sums meet in place
+            return out
+
+        return accumulate
+
+    def assemble(args, feeds, variables):
+        out = np.full(task.shape, task.pad, dtype=dtype)
+        written = np.zeros(task.shape, dtype=bool) if reduce else None
+        for k, src, dst, _ in pieces:
+            piece = args[k][src]
+            if written is None:
+                out[dst] = piece
+            else:
+                out[dst] = np.where(written[dst], reduce(out[dst], piece), piece)
+                written[dst] = True
         return out
-    out = np.full(shape, task.pad, dtype=to_numpy(task.dtype))
-    if task.agg is None:
-        for p in pieces:
-            out[_slices(p.dst_box)] = args[p.input][_slices(p.src)]
-        return out
-    written = np.zeros(shape, dtype=bool)
-    reduce = kernels.REDUCE[task.agg]
-    for p in pieces:
-        dst = _slices(p.dst_box)
-        piece = args[p.input][_slices(p.src)]
-        out[dst] = np.where(written[dst], reduce(out[dst], piece), piece)
-        written[dst] = True
-    return out
+
+    return assemble
 
 
-def _view(task: ViewTask, args, feeds, variables):
-    a = args[0]
-    if a.dtype != to_numpy(task.dtype):
-        a = np.ascontiguousarray(a).view(to_numpy(task.dtype))
-    return a.reshape(task.shape)
+def _view(task: ViewTask):
+    dtype = to_numpy(task.dtype)
+
+    def run(args, feeds, variables):
+        a = args[0]
+        if a.dtype != dtype:
+            a = np.ascontiguousarray(a).view(dtype)
+        return a.reshape(task.shape)
+
+    return run
 
 
-EXEC = {
+PREPARE = {
     InputTask: _input,
     ConstantTask: _constant,
     ApplyTask: _apply,
@@ -136,40 +153,52 @@ class _Ticker:
             self.bar.__exit__()
 
 
+class LocalProgram:
+    """A TaskGraph made ready to run many times: kernels chosen and priorities ranked once."""
+
+    def __init__(self, tg: TaskGraph) -> None:
+        self.tg = tg
+        tasks = tg.tasks
+        self.inputs = [t.inputs for t in tasks]
+        self.location = [t.loc for t in tasks]
+        self.rank = scheduler.critical_path(self.inputs, [_cost(t) for t in tasks])
+        self.keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
+        self.steps = [PREPARE[type(t)](t) for t in tasks]
+
+    def run(self, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
+            carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
+        """Execute on ``tg.workers`` threads.
+
+        Outputs named in ``carry`` come back as their blocks, unassembled, ready to
+        be fed to the next run; the others are assembled into arrays.
+        """
+        variables = variables or {}
+        tasks, steps = self.tg.tasks, self.steps
+        ticker = _Ticker(len(tasks))
+        with threadpool_limits(1, user_api="blas"):
+            try:
+                values = scheduler.run(
+                    self.inputs, lambda i, args: steps[i](args, feeds, variables), location=self.location,
+                    workers=self.tg.workers, keep=self.keep, rank=self.rank,
+                    describe=lambda i: tasks[i].describe(), on_done=ticker,
+                )
+            finally:
+                ticker.close()
+        result: dict[str, np.ndarray | Blocks] = {}
+        for name, out in self.tg.outputs.items():
+            if name in carry:
+                result[name] = Blocks(out.shape, out.dtype, {box: values[t] for t, box in out.blocks})
+            elif len(out.blocks) == 1:
+                result[name] = np.array(values[out.blocks[0][0]], dtype=to_numpy(out.dtype), copy=True)
+            else:
+                array = np.empty(out.shape, dtype=to_numpy(out.dtype))
+                for t, box in out.blocks:
+                    array[_slices(box)] = values[t]
+                result[name] = array
+        return result
+
+
 def run(tg: TaskGraph, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
         carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
-    """Execute the TaskGraph on ``tg.workers`` threads.
-
-    Outputs named in ``carry`` come back as their blocks, unassembled, ready to be
-    fed to the next run; the others are assembled into arrays.
-    """
-    variables = variables or {}
-    tasks = tg.tasks
-    keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
-    ticker = _Ticker(len(tasks))
-
-    def execute(i: int, args: list) -> np.ndarray:
-        task = tasks[i]
-        return EXEC[type(task)](task, args, feeds, variables)
-
-    with threadpool_limits(1, user_api="blas"):
-        try:
-            values = scheduler.run(
-                [t.inputs for t in tasks], execute, location=[t.loc for t in tasks], workers=tg.workers,
-                keep=keep, cost=[_cost(t) for t in tasks], describe=lambda i: tasks[i].describe(),
-                on_done=ticker,
-            )
-        finally:
-            ticker.close()
-    result: dict[str, np.ndarray | Blocks] = {}
-    for name, out in tg.outputs.items():
-        if name in carry:
-            result[name] = Blocks(out.shape, out.dtype, {box: values[t] for t, box in out.blocks})
-        elif len(out.blocks) == 1:
-            result[name] = np.array(values[out.blocks[0][0]], dtype=to_numpy(out.dtype), copy=True)
-        else:
-            array = np.empty(out.shape, dtype=to_numpy(out.dtype))
-            for t, box in out.blocks:
-                array[_slices(box)] = values[t]
-            result[name] = array
-    return result
+    """Prepare and run once (a compiled Program prepares once and runs many times)."""
+    return LocalProgram(tg).run(feeds, variables, carry)

@@ -47,15 +47,19 @@ def run(
     location: Sequence[int],
     workers: int,
     keep: set[int],
-    cost: Sequence[float] | None = None,
+    rank: Sequence[float] | None = None,
     describe: Callable[[int], str] = str,
     on_done: Callable[[int], None] | None = None,
 ) -> dict[int, object]:
-    """Execute tasks (ids in topological order) and return ``{i: value}`` for i in keep."""
+    """Execute tasks (ids in topological order) and return ``{i: value}`` for i in keep.
+
+    ``rank`` orders ready tasks, highest first (default: critical path in task counts).
+    """
     n = len(inputs)
     if len(location) != n:
         raise EngineError(f"{n} tasks but {len(location)} locations")
-    rank = critical_path(inputs, cost or [1.0] * n)
+    if rank is None:
+        rank = critical_path(inputs, [1.0] * n)
     pending = [len(set(ins)) for ins in inputs]
     readers = [0] * n
     users: list[list[int]] = [[] for _ in range(n)]
