@@ -11,9 +11,9 @@ import os
 import time
 
 import numpy as np
-from common import median_time
 
 import einsummable as es
+from common import median_time
 
 
 def main() -> None:
@@ -37,7 +37,8 @@ def main() -> None:
     t = median_time(lambda: prog.run(feeds), repeats=5)
     kernel = median_time(lambda: np.multiply(np.ones(4, np.float32), 0.5) + 1, repeats=5)
     print(f"{n} tasks on {args.workers} workers (engine {prog.engine}); planning took {planning:.1f} s")
-    print(f"  run: {t * 1e3:.1f} ms  =  {t / n * 1e6:.1f} us per task  (a bare numpy kernel call: {kernel * 1e6:.1f} us)")
+    print(f"  run: {t * 1e3:.1f} ms  =  {t / n * 1e6:.1f} us per task  "
+          f"(a bare numpy kernel call: {kernel * 1e6:.1f} us)")
 
 
 if __name__ == "__main__":

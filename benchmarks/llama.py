@@ -1,0 +1,139 @@
+"""Issue 7's benchmark: Llama training and generation tokens/s against PyTorch eager.
+
+The same randomly initialised model (default: hidden 512, 8 layers, 8 heads,
+4 kv heads, MLP 1376, byte vocabulary 256, untied head: 23.5M parameters), the same
+batches and the same AdamW (warmup + cosine learning rate, clipping at 1.0) on
+both sides: einsummable's ``Trainer`` and ``Generator`` with the default engine,
+transformers' LlamaForCausalLM with torch.optim.AdamW and ``generate(use_cache=True)``.
+Training losses are checked against torch's step by step. Generation is greedy
+and includes the prefill.
+Run: python benchmarks/llama.py [--quick] [--workers 2] [--steps 3] [--new-tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import time
+
+import numpy as np
+
+from common import median_time, report
+from einsummable.generate import Generator
+from einsummable.train.trainer import TrainConfig, Trainer, batch_at, lr_at
+from llama_block import hf_model, torch_loss
+
+QUICK = dict(hidden=256, layers=2, heads=4, kv_heads=2, intermediate=688, batch=4, seq=64, new_tokens=16)
+
+
+def report_rate(title: str, times: dict[str, float], tokens: int) -> None:
+    """Times of ``tokens`` tokens, whose ratios are those of time per token (< 1 means we win),
+    then tokens/s and their ratios (> 1 means we win)."""
+    report(f"{title}: time for {tokens} tokens", times)
+    ours = tokens / times["einsummable"]
+    for name, t in times.items():
+        ratio = "" if name == "einsummable" else f"   einsummable/{name} = {ours * t / tokens:5.2f}"
+        print(f"  {name:<28} {tokens / t:9.1f} tokens/s{ratio}")
+
+
+def generation(model, cfg, params, args, engine: str) -> None:
+    import torch
+
+    prompts = np.random.default_rng(1).integers(0, cfg.vocab_size, (args.gen_batch, args.prompt))
+    gen = Generator(cfg, params, workers=args.workers)
+    ours = gen.generate(prompts.tolist(), args.new_tokens)
+    t_prompts = torch.from_numpy(prompts)
+
+    def torch_generate():
+        with torch.no_grad():
+            return model.generate(t_prompts, attention_mask=torch.ones_like(t_prompts), do_sample=False,
+                                  use_cache=True, max_new_tokens=args.new_tokens,
+                                  min_new_tokens=args.new_tokens, pad_token_id=0)
+
+    theirs = torch_generate()[:, args.prompt :].tolist()
+    agree = int((np.array(ours) == np.array(theirs)).sum())
+    print(f"\ngreedy tokens equal to torch's: {agree} of {args.gen_batch * args.new_tokens}")
+
+    def ours_generate():
+        return gen.generate(prompts.tolist(), args.new_tokens)
+
+    times = {"einsummable": median_time(ours_generate, args.repeats),
+             "torch eager generate": median_time(torch_generate, args.repeats)}
+    title = (f"generation, batch {args.gen_batch}, prompt {args.prompt}, {args.new_tokens} new tokens "
+             f"(engine {engine}, workers {args.workers})")
+    report_rate(title, times, args.gen_batch * args.new_tokens)
+
+
+def training(model, cfg, params, args) -> str:
+    """Times training steps; returns the engine that the default compile chose."""
+    import torch
+
+    tcfg = TrainConfig(batch=args.batch, seq=args.seq, steps=args.steps + 1)
+    data = np.random.default_rng(2).integers(0, cfg.vocab_size, 1 << 20)
+    start = time.perf_counter()
+    trainer = Trainer(cfg, params, tcfg, data, workers=args.workers)
+    print(f"compiled the training step in {time.perf_counter() - start:.1f} s")
+    opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2),
+                            weight_decay=tcfg.weight_decay)
+    torch_losses: list[float] = []
+
+    def torch_step():
+        step = len(torch_losses)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, tcfg)
+        tokens = torch.from_numpy(batch_at(data, tcfg, step).astype(np.int64))
+        opt.zero_grad(set_to_none=True)
+        loss = torch_loss(model, tokens)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg.clip_norm)
+        opt.step()
+        torch_losses.append(loss.item())
+
+    times = {"einsummable": median_time(trainer.train_step, args.steps),
+             "torch eager + AdamW": median_time(torch_step, args.steps)}
+    print(f"\nlosses  einsummable {np.round(trainer.losses, 5).tolist()}\n"
+          f"        torch       {np.round(torch_losses, 5).tolist()}")
+    np.testing.assert_allclose(trainer.losses[0], torch_losses[0], rtol=1e-4)
+    np.testing.assert_allclose(trainer.losses, torch_losses, rtol=1e-3)
+    title = (f"training step, batch {args.batch} x seq {args.seq} "
+             f"(engine {trainer.program.engine}, workers {args.workers})")
+    report_rate(title, times, args.batch * args.seq)
+    return trainer.program.engine
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="a 2-layer hidden-256 model and short runs")
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--intermediate", type=int, default=1376)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=3, help="timed training steps, after one warm-up")
+    parser.add_argument("--gen-batch", type=int, default=1)
+    parser.add_argument("--prompt", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="timed generate calls")
+    parser.add_argument("--workers", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    if args.quick:
+        parser.set_defaults(**QUICK)
+        args = parser.parse_args()  # explicit flags still win over --quick's sizes
+    import torch
+
+    torch.set_num_threads(os.cpu_count())
+    model, cfg, params = hf_model(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate,
+                                  args.vocab)
+    n_params = sum(int(np.prod(s)) for s in cfg.parameter_shapes().values())
+    print(f"model: hidden {args.hidden}, {args.layers} layers, heads {args.heads}/{args.kv_heads}, "
+          f"mlp {args.intermediate}, vocab {args.vocab}, {n_params / 1e6:.1f}M parameters")
+    engine = training(copy.deepcopy(model), cfg, params, args)  # generation keeps the initial weights
+    generation(model, cfg, params, args, engine)
+
+
+if __name__ == "__main__":
+    main()
