@@ -86,3 +86,42 @@ def test_peak_memory_of_a_chain_stays_near_the_plans_live_set():
     # the feeds were allocated before tracing began, so the peak counts only the engine's
     # blocks; the bound also adds the inputs, this one is stricter
     assert peak < 1.5 * (out["y"].nbytes + live_bytes(prog.taskgraph))
+
+
+class _Terminal:
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+
+    def flush(self):
+        pass
+
+
+def _long_chain():
+    g = es.Graph()
+    t = g.input("x", (4,))
+    for _ in range(300):
+        t = es.elementwise("x0 * 0.5 + 1", t)
+    g.output("y", t)
+    return es.compile(g, workers=2), {"x": np.ones(4, np.float32)}
+
+
+def test_progress_shows_on_a_terminal_for_long_runs(monkeypatch):
+    prog, feeds = _long_chain()
+    terminal = _Terminal()
+    monkeypatch.setattr(local, "SHOW_PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr("sys.stderr", terminal)
+    prog.run(feeds)
+    assert "task/s" in terminal.text and f"/{len(prog.taskgraph.tasks)}" in terminal.text
+
+
+def test_progress_stays_quiet_off_a_terminal(monkeypatch, capsys):
+    prog, feeds = _long_chain()
+    monkeypatch.setattr(local, "SHOW_PROGRESS_AFTER", 0.0)
+    prog.run(feeds)
+    assert capsys.readouterr().err == ""
