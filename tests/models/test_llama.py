@@ -39,19 +39,22 @@ def logits_program(cfg, batch, seq, engine="reference", workers=None):
     return es.compile(g, workers=workers, engine=engine)
 
 
+@pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_logits_match_transformers(tmp_path, name):
+def test_logits_match_transformers(tmp_path, name, workers):
     model, path = hf_model(tmp_path, name)
     cfg, params = weights.load(path)
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 9))
-    got = logits_program(cfg, 2, 9).run(params | {"ids": tokens.astype(np.float32)})["logits"]
+    prog = logits_program(cfg, 2, 9, engine="local", workers=workers)
+    got = prog.run(params | {"ids": tokens.astype(np.float32)})["logits"]
     with torch.no_grad():
         ref = model(torch.tensor(tokens)).logits.numpy()
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("engine,workers", [("reference", None), ("local", 3)])
 @pytest.mark.parametrize("name", ["gqa-untied", "mha-tied"])
-def test_loss_gradients_match_transformers(tmp_path, name):
+def test_loss_gradients_match_transformers(tmp_path, name, engine, workers):
     model, path = hf_model(tmp_path, name)
     cfg, params = weights.load(path)
     batch, seq = 2, 6
@@ -62,7 +65,7 @@ def test_loss_gradients_match_transformers(tmp_path, name):
     for n, t in zip(names, grads, strict=True):
         g.output("d:" + n, t)
     tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (batch, seq + 1))
-    out = es.compile(g, engine="reference").run(params | {"tokens": tokens.astype(np.float32)})
+    out = es.compile(g, engine=engine, workers=workers).run(params | {"tokens": tokens.astype(np.float32)})
     t = torch.tensor(tokens)
     logits = model(t[:, :-1]).logits
     ref_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), t[:, 1:].reshape(-1))
