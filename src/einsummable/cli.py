@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import asdict, fields
@@ -15,17 +16,20 @@ from pathlib import Path
 
 import numpy as np
 
+from einsummable.autodiff import grad
 from einsummable.errors import EinsummableError
+from einsummable.frontend.core import Graph
 from einsummable.generate import Generator
+from einsummable.models import llama, weights
 from einsummable.models import tokenizer as tokenizers
-from einsummable.models import weights
-from einsummable.models.llama import LlamaConfig
+from einsummable.models.llama import PRESETS, LlamaConfig
 from einsummable.plan import report
+from einsummable.plan.cluster import Cluster
+from einsummable.plan.planners import make_plan
 from einsummable.progress import Progress
 from einsummable.train.trainer import TrainConfig, Trainer, init_params
 
-DEMO_MODEL = LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+DEMO_MODEL = PRESETS["demo"]
 DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=300, lr=3e-3, min_lr=3e-4, warmup=30)
 
 
@@ -138,6 +142,36 @@ def cmd_generate(args: argparse.Namespace) -> None:
                       args.engine, args.workers, args.seed))
 
 
+def cmd_plan(args: argparse.Namespace) -> None:
+    if args.model in PRESETS:
+        cfg = PRESETS[args.model]
+    elif Path(args.model).exists():
+        path = Path(args.model)
+        config = json.loads(path.read_text()) if path.is_file() else None
+        cfg = LlamaConfig.from_hf(config) if config is not None else weights.load_config(path)
+    else:
+        raise EinsummableError(f"unknown model {args.model!r}; name one of {sorted(PRESETS)} or a config")
+    cluster = Cluster(machines=args.machines, cores=args.cores)
+    if args.mode == "train":
+        g, p, loss = llama.loss_graph(cfg, args.batch, args.seq)
+        for name, d in zip(p, grad(loss, list(p.values())), strict=True):
+            g.output("grad:" + name, d)
+        g.output("loss", loss)
+    else:
+        g = Graph()
+        p = llama.parameters(g, cfg)
+        ids = g.input("ids", (args.batch, args.seq))
+        pos = g.ramp((args.batch, args.seq), steps=(0.0, 1.0))
+        g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, args.seq)))
+    n_params = sum(math.prod(s) for s in cfg.parameter_shapes().values())
+    print(f"{args.model}: {n_params / 1e6:,.1f}M parameters, {args.mode} at batch {args.batch} x "
+          f"seq {args.seq}, {len(g.ir)} graph nodes, on {args.machines} x {args.cores} workers")
+    start = time.perf_counter()
+    plan = make_plan(g.ir, cluster, args.planner)
+    print(f"planned in {time.perf_counter() - start:.1f} s")
+    print(plan if args.full else report.brief(plan))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="einsummable", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -170,6 +204,17 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=0)
     common(gen)
     gen.set_defaults(fn=cmd_generate)
+
+    plan = sub.add_parser("plan", help="show the EinDecomp plan of a Llama for a cluster, without running it")
+    plan.add_argument("--model", default="llama-7b", help=f"one of {sorted(PRESETS)}, or a config.json")
+    plan.add_argument("--machines", type=int, default=1)
+    plan.add_argument("--cores", type=int, default=64)
+    plan.add_argument("--batch", type=int, default=8)
+    plan.add_argument("--seq", type=int, default=2048)
+    plan.add_argument("--mode", choices=["train", "infer"], default="train")
+    plan.add_argument("--planner", default="eindecomp")
+    plan.add_argument("--full", action="store_true", help="one line per node, not just the summary")
+    plan.set_defaults(fn=cmd_plan)
 
     args = parser.parse_args(argv)
     try:

@@ -113,3 +113,12 @@ def test_cli_demo_trains_saves_plots_and_samples(tmp_path, capsys):
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
     assert cli.main(["generate", "--model", str(tmp_path), "--prompt", "x"]) == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_cli_plan_describes_a_cluster_without_running(capsys):
+    assert cli.main(["plan", "--model", "tiny", "--machines", "2", "--cores", "3", "--batch", "2",
+                     "--seq", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "2 x 3 workers" in out and "eindecomp *" in out and "data_parallel" in out
+    assert cli.main(["plan", "--model", "nope"]) == 2
+    assert "unknown model" in capsys.readouterr().err
