@@ -1,4 +1,8 @@
-"""Shared timing for the benchmarks: medians of repeated runs, printed as ratios."""
+"""Shared timing for the benchmarks: medians of repeated runs, printed as ratios.
+
+Peers are timed in interleaved rounds (each round runs every peer once), so a
+burst of noise on this shared machine hits all of them rather than one.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,21 @@ from collections.abc import Callable
 
 
 def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
+    return compare({"fn": fn}, repeats, warmup)["fn"]
+
+
+def compare(fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1) -> dict[str, float]:
+    """Median seconds per peer, measured round-robin."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def report(title: str, times: dict[str, float], base: str = "einsummable") -> None:

@@ -12,10 +12,10 @@ import os
 import numpy as np
 
 import einsummable as es
-from common import median_time, report
+from common import compare, report
 
 
-def _dask_matmul_chain(arrays, chunks, build):
+def _dask(arrays, chunks, build):
     import dask.array as da
 
     ds = [da.from_array(a, chunks=chunks) for a in arrays]
@@ -23,13 +23,10 @@ def _dask_matmul_chain(arrays, chunks, build):
     return lambda: expr.compute(scheduler="threads", num_workers=os.cpu_count())
 
 
-def _best_dask(arrays, build, sizes) -> tuple[float, int]:
-    best = None
-    for chunk in sizes:
-        t = median_time(_dask_matmul_chain(arrays, chunk, build), repeats=3)
-        if best is None or t < best[0]:
-            best = (t, chunk)
-    return best
+def _best_dask_chunks(arrays, build, sizes) -> int:
+    """dask.array at its best: the chunk size with the lowest median, tried first."""
+    times = compare({str(c): _dask(arrays, c, build) for c in sizes}, repeats=3)
+    return int(min(times, key=times.get))
 
 
 def _torch(arrays, build):
@@ -54,14 +51,13 @@ def workload(name, shapes, build, workers, chunk_sizes):
     expected = build(*arrays)
     assert ours.dtype == np.float32 == expected.dtype
     np.testing.assert_allclose(ours, expected, rtol=2e-2, atol=1e-1 * np.abs(expected).max() / 1e2)
-    times = {"einsummable": median_time(lambda: prog.run(feeds)),
-             "numpy": median_time(lambda: build(*arrays))}
-    t, chunk = _best_dask(arrays, build, chunk_sizes)
-    times[f"dask.array (chunks {chunk})"] = t
+    chunk = _best_dask_chunks(arrays, build, chunk_sizes)
+    peers = {"einsummable": lambda: prog.run(feeds), "numpy": lambda: build(*arrays),
+             f"dask.array (chunks {chunk})": _dask(arrays, chunk, build)}
     torch_fn = _torch(arrays, build)
     if torch_fn is not None:
-        times["torch eager"] = median_time(torch_fn)
-    report(f"{name}  (engine {prog.engine}, workers {workers})", times)
+        peers["torch eager"] = torch_fn
+    report(f"{name}  (engine {prog.engine}, workers {workers})", compare(peers))
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 import einsummable as es
-from common import median_time, report
+from common import compare, report
 
 LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 
@@ -93,8 +93,7 @@ def main() -> None:
         counter[0] += 1
         numpy_step(x, labels, *np_state, counter[0])
 
-    times = {"einsummable": median_time(ours, args.repeats),
-             "numpy hand-written": median_time(hand, args.repeats)}
+    peers = {"einsummable": ours, "numpy hand-written": hand}
     try:
         import torch
 
@@ -113,9 +112,10 @@ def main() -> None:
             torch.nn.functional.cross_entropy(h, ty).backward()
             opt.step()
 
-        times["torch eager"] = median_time(torch_step, args.repeats)
+        peers["torch eager"] = torch_step
     except ImportError:
         pass
+    times = compare(peers, args.repeats)
     title = f"(d) MLP step, batch {args.batch}, widths {widths}"
     report(f"{title} (engine {prog.engine}, workers {args.workers})", times)
 

@@ -90,7 +90,8 @@ def test_eindecomp_is_within_5_percent_of_exhaustive(workload, p):
         best = exhaustive.optimum(g, model, g.live(), limit=5_000_000)
     except PlanError:
         pytest.skip("too large for exhaustive search")
-    assert best <= costs["eindecomp"] <= 1.05 * best + 1e-6
+    # sums taken in another order round differently: allow one part in a billion
+    assert best <= costs["eindecomp"] * (1 + 1e-9) and costs["eindecomp"] <= 1.05 * best + 1e-6
 
 
 def test_report_shows_partitions_strategies_and_baselines():

@@ -32,6 +32,9 @@ from einsummable.plan.cluster import Cluster
 from einsummable.plan.space import Space, nbytes
 
 FORBIDDEN = 1e30
+# Partial sums cost the adds where they meet as well as their bytes; replicas only bytes.
+# At equal bytes this small premium sends the choice to the replica.
+PARTIAL_PREMIUM = 1.001
 
 
 def divisors(n: int) -> list[int]:
@@ -117,7 +120,8 @@ class CostModel:
             n_k = np.prod(counts[:, dims], axis=1) if dims else np.ones(len(counts))
             cost += self.bytes[u] * (n / n_k - 1.0)
         if sp.aggregated:
-            cost += self.bytes[nid] * (np.prod(counts[:, list(sp.aggregated)], axis=1) - 1.0)
+            k = np.prod(counts[:, list(sp.aggregated)], axis=1)
+            cost += PARTIAL_PREMIUM * self.bytes[nid] * (k - 1.0)
         return cost
 
     def edge_cost(self, u: int, v: int, k: int, cu: np.ndarray, cv: np.ndarray) -> np.ndarray:
