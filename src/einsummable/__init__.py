@@ -3,7 +3,7 @@ decomposes and runs it."""
 
 from einsummable import train
 from einsummable.autodiff import grad
-from einsummable.compile import Program, compile
+from einsummable.compile import Program, compile, simulate
 from einsummable.errors import (
     AutodiffError,
     DtypeError,
@@ -62,6 +62,7 @@ __all__ = [
     "pad",
     "reduce",
     "reshape",
+    "simulate",
     "train",
     "transpose",
     "view_as_complex",

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from einsummable.engines import local, reference, sequential
+from einsummable.engines import simulate as simulator
 from einsummable.engines.blocks import Blocks
 from einsummable.engines.feeds import check_feeds, check_inputs
 from einsummable.errors import EinsummableError, FeedError, PlanError
@@ -22,11 +23,13 @@ Runner = Callable[..., dict[str, np.ndarray]]
 
 
 class Program:
-    """A compiled graph: ``run(feeds)`` returns ``{output name: ndarray}``.
+    """A compiled graph: ``run(feeds)`` returns ``{output name: ndarray}``
+    (with ``engine="simulate"``, a ``Simulation`` report instead: nothing is computed).
 
-    ``plan`` prints the partitions, strategies and bytes moved against the
-    baselines; ``taskgraph`` is the lowered block program (None for the
-    reference engine, which runs the graph whole).
+    ``simulate()`` predicts the run on the planned cluster, whatever the engine.
+    ``plan`` prints the partitions, strategies and bytes moved against the baselines;
+    ``taskgraph`` is the lowered block program (None for the reference engine, which
+    runs the graph whole).
     """
 
     def __init__(self, graph: EinGraph, engine: str, runner: Runner, plan: object,
@@ -41,6 +44,12 @@ class Program:
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         arrays, variables = check_feeds(self.graph, feeds, variables=self.variables)
         return self._runner(arrays, variables)
+
+    def simulate(self, cluster: Cluster | None = None) -> simulator.Simulation:
+        """Predict this program's run on ``cluster`` (default: the one it was planned for)."""
+        if self.taskgraph is None:
+            raise EinsummableError(f"the {self.engine} engine runs the graph whole: no TaskGraph to simulate")
+        return simulator.run(self.taskgraph, cluster or self.plan.cluster)
 
     def session(self, state: Mapping[str, np.ndarray]) -> Session:
         """Keep ``state`` (parameters, optimizer moments) resident between runs."""
@@ -103,24 +112,46 @@ def _whole(run: Callable) -> Runner:
     return runner
 
 
-def _reference(graph: EinGraph, tg: TaskGraph | None) -> Runner:
+def _reference(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:
     return _whole(lambda arrays, variables: reference.run(graph, arrays, variables))
 
 
-def _sequential(graph: EinGraph, tg: TaskGraph | None) -> Runner:
+def _sequential(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:
     return _whole(lambda arrays, variables: sequential.run(tg, arrays, variables))
 
 
-def _local(graph: EinGraph, tg: TaskGraph | None) -> Runner:
+def _local(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:
     return local.LocalProgram(tg).run
 
 
-# Each engine builds a runner from the graph and its TaskGraph; those in WHOLE run the
-# graph undecomposed and get no TaskGraph.
-ENGINES: dict[str, Callable[[EinGraph, TaskGraph | None], Runner]] = {
+def _ray(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster, address: str | None = None) -> Runner:
+    try:  # Ray is an optional extra: import it only when asked for
+        from einsummable.engines import ray_engine
+    except ModuleNotFoundError as err:
+        if err.name != "ray":
+            raise
+        raise EinsummableError("engine='ray' needs Ray: pip install 'einsummable[ray]'") from err
+    return ray_engine.RayProgram(tg, address).run
+
+
+def _simulate(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:
+    """Feeds are checked, then only their shapes matter: the run is predicted, not computed."""
+    return lambda arrays, variables, carry=frozenset(): simulator.run(tg, cluster)
+
+
+def simulate(taskgraph: TaskGraph, cluster: Cluster) -> simulator.Simulation:
+    """Predict a TaskGraph's run on a modelled cluster (see engines/simulate.py)."""
+    return simulator.run(taskgraph, cluster)
+
+
+# Each engine builds a runner from the graph, its TaskGraph and the cluster it was planned
+# for; those in WHOLE run the graph undecomposed and get no TaskGraph.
+ENGINES: dict[str, Callable[[EinGraph, TaskGraph | None, Cluster], Runner]] = {
     "reference": _reference,
     "sequential": _sequential,
     "local": _local,
+    "ray": _ray,
+    "simulate": _simulate,
 }
 WHOLE = {"reference"}
 DEFAULT_ENGINE = "local"
@@ -143,8 +174,12 @@ def compile(
     engine: str | None = None,
     cluster: Cluster | None = None,
     planner: str = "eindecomp",
+    address: str | None = None,
 ) -> Program:
-    """Plan ``graph`` for ``workers`` (one machine) or a ``cluster``, lower it, and bind an engine."""
+    """Plan ``graph`` for ``workers`` (one machine) or a ``cluster``, lower it, and bind an engine.
+
+    ``address`` is the Ray cluster to join for ``engine="ray"`` (``"auto"``, ``"ray://host:10001"``).
+    """
     ir = graph.ir if isinstance(graph, Graph) else graph
     if not isinstance(ir, EinGraph):
         raise EinsummableError(f"compile takes a Graph, got {type(graph).__name__}")
@@ -154,10 +189,13 @@ def compile(
     engine = engine or DEFAULT_ENGINE
     if engine not in ENGINES:
         raise EinsummableError(f"unknown engine {engine!r}; expected one of {sorted(ENGINES)}")
+    if address is not None and engine != "ray":
+        raise EinsummableError(f"address= is for engine='ray', not engine={engine!r}")
+    options = {"address": address} if address is not None else {}
     hardware = _cluster(workers, cluster)
     if engine in WHOLE:
         plan = "reference engine: every node runs whole, in order, with numpy"
-        return Program(ir, engine, ENGINES[engine](ir, None), plan)
+        return Program(ir, engine, ENGINES[engine](ir, None, hardware), plan)
     plan = make_plan(ir, hardware, planner)
     taskgraph = lower(ir, plan)
-    return Program(ir, engine, ENGINES[engine](ir, taskgraph), plan, taskgraph)
+    return Program(ir, engine, ENGINES[engine](ir, taskgraph, hardware, **options), plan, taskgraph)

@@ -102,7 +102,7 @@ def prepare(op: Einsummable) -> Kernel:
     (of an input, or broadcast); engines never write into blocks they did not make.
     """
     dtype = to_numpy(op.dtype)
-    match = _equality_gather(op)
+    match = equality_gather(op)
     if op.is_contraction():
         def body(arrays, variables):
             return _contract(op, arrays)
@@ -186,7 +186,7 @@ def _prod(size: tuple[int, ...], idx: list[int]) -> int:
     return n
 
 
-def _equality_gather(op: Einsummable) -> tuple[int, int, int] | None:
+def equality_gather(op: Einsummable) -> tuple[int, int, int] | None:
     """Match ``sum where(xa == xb, xc, 0)``: an embedding lookup or its scatter-add gradient."""
     e = op.join
     if op.agg != "add" or len(op.inputs) != 3 or not is_call(e, "where"):

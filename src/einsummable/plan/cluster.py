@@ -1,5 +1,10 @@
 """The hardware model: machines × cores, a flop rate, and two levels of bandwidth.
 
+``flops_per_core`` is the GEMM rate; the simulator (engines/simulate.py) also reads
+an elementwise rate, a memory-copy rate, link latencies, a per-task overhead and
+the memory of a machine. ``Cluster.measure()`` fills these in for this machine
+(plan/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
+
 Workers are numbered machine-major: worker ``w`` is core ``w % cores`` of machine
 ``w // cores``. The defaults are rough figures for the 2-core development box
 (about 80 GFLOP/s per core from the measured 4000³ chain, memcpy-speed moves
@@ -8,7 +13,9 @@ inside a machine, 10 Gbit/s between machines).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from einsummable.errors import PlanError
 
@@ -21,17 +28,46 @@ class Cluster:
     bandwidth_within: float = 1e10
     bandwidth_across: float = 1.25e9
     min_block_seconds: float = 5e-4
+    elementwise_flops_per_core: float = 1e9  # joins, reductions, partial sums
+    copy_bandwidth: float = 5e9  # bytes/s one core copies (fills, assembling partials)
+    latency_within: float = 1e-6  # seconds before a move inside a machine lands
+    latency_across: float = 2e-5  # seconds before a move between machines lands
+    task_overhead: float = 1.5e-5  # an engine's scheduling cost per task, on its core
+    memory_per_machine: float = 256 * 2**30  # bytes
 
     def __post_init__(self) -> None:
         for name in ("machines", "cores"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PlanError(f"Cluster {name} must be a positive integer, got {value!r}")
-        for name in ("flops_per_core", "bandwidth_within", "bandwidth_across"):
+        for name in ("flops_per_core", "bandwidth_within", "bandwidth_across", "elementwise_flops_per_core",
+                     "copy_bandwidth", "memory_per_machine"):
             if not getattr(self, name) > 0:
                 raise PlanError(f"Cluster {name} must be positive, got {getattr(self, name)!r}")
         if self.min_block_seconds < 0:
             raise PlanError(f"Cluster min_block_seconds must be >= 0, got {self.min_block_seconds!r}")
+        for name in ("latency_within", "latency_across", "task_overhead"):
+            if not getattr(self, name) >= 0:
+                raise PlanError(f"Cluster {name} must be >= 0, got {getattr(self, name)!r}")
+
+    @staticmethod
+    def measure(machines: int = 1, cores: int | None = None) -> Cluster:
+        """This machine's rates, measured with numpy (takes a few seconds)."""
+        from einsummable.plan.calibrate import measure  # numpy timing loops, loaded only when asked
+
+        return measure(machines, cores)
+
+    def to_json(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
+
+    @staticmethod
+    def from_json(path: str | Path) -> Cluster:
+        values = json.loads(Path(path).read_text())
+        known = {f.name for f in fields(Cluster)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise PlanError(f"{path}: unknown cluster fields {unknown}; known: {sorted(known)}")
+        return Cluster(**values)
 
     @staticmethod
     def local(workers: int) -> Cluster:

@@ -1,0 +1,94 @@
+"""Measure this machine's rates for the hardware model: GEMM and elementwise flop
+rates per core and the memory-copy rate, with every core busy at once (as in a run).
+
+Each figure is the median of a few timed repetitions, each core running the same
+numpy kernel in its own thread with BLAS held to one thread, so a figure is what
+one worker gets while its neighbours work too. Moves inside a machine are memory
+copies, so ``bandwidth_within`` is the copy rate; the rates between machines,
+latencies and the per-task overhead keep the Cluster defaults unless given.
+
+    cluster = Cluster.measure()             # or: einsummable calibrate --out cluster.json
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from einsummable.plan.cluster import Cluster
+
+GEMM_N = 1024
+ELEMENTS = 1 << 22  # 16 MiB of f32: out of cache, like a real block
+REPEATS = 5
+
+
+def _per_core_seconds(cores: int, make: Callable[[], Callable[[], None]]) -> float:
+    """Median seconds of one call of the kernel while every core runs its own copy."""
+    kernels = [make() for _ in range(cores)]
+    for k in kernels:
+        k()
+    def work(i: int, barrier: threading.Barrier, spans: list[float]) -> None:
+        barrier.wait()
+        t0 = time.perf_counter()
+        kernels[i]()
+        spans[i] = time.perf_counter() - t0
+
+    times: list[float] = []
+    for _ in range(REPEATS):
+        barrier = threading.Barrier(cores)
+        spans = [0.0] * cores
+        threads = [threading.Thread(target=work, args=(i, barrier, spans)) for i in range(cores)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        times.append(statistics.median(spans))
+    return statistics.median(times)
+
+
+def _gemm() -> Callable[[], None]:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((GEMM_N, GEMM_N), dtype=np.float32)
+    b = rng.standard_normal((GEMM_N, GEMM_N), dtype=np.float32)
+    out = np.empty_like(a)
+    return lambda: np.matmul(a, b, out=out)
+
+
+def _elementwise() -> Callable[[], None]:
+    """Two flops per element (a multiply-add as two ufunc passes), as compiled joins run."""
+    rng = np.random.default_rng(0)
+    x, y, z = (rng.standard_normal(ELEMENTS, dtype=np.float32) for _ in range(3))
+    out = np.empty_like(x)
+
+    def run() -> None:
+        np.multiply(x, y, out=out)
+        np.add(out, z, out=out)
+
+    return run
+
+
+def _copy() -> Callable[[], None]:
+    src = np.ones(ELEMENTS, dtype=np.float32)
+    dst = np.empty_like(src)
+    return lambda: np.copyto(dst, src)
+
+
+def measure(machines: int = 1, cores: int | None = None, **given: float) -> Cluster:
+    """A Cluster with this machine's measured rates; ``given`` overrides any field."""
+    cores = cores or os.cpu_count() or 1
+    with threadpool_limits(1, "blas"):
+        gemm = 2 * GEMM_N**3 / _per_core_seconds(cores, _gemm)
+        elementwise = 2 * ELEMENTS / _per_core_seconds(cores, _elementwise)
+        copy = 4 * ELEMENTS / _per_core_seconds(cores, _copy)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cluster = Cluster(machines=machines, cores=cores, flops_per_core=gemm, bandwidth_within=copy,
+                      elementwise_flops_per_core=elementwise, copy_bandwidth=copy,
+                      memory_per_machine=float(memory))
+    return replace(cluster, **given)

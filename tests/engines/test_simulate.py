@@ -1,0 +1,139 @@
+"""The simulated engine: hand-computed makespans on tiny TaskGraphs, then a real one."""
+
+import numpy as np
+import pytest
+
+import einsummable as es
+from einsummable.engines.simulate import Simulation, SimulationError, kernel_kind, run
+from einsummable.ir.einsummable import Einsummable
+from einsummable.lower.stats import stats
+from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, Output, TaskGraph
+from workloads import mlp_train
+
+# 250 x 1000 f32 = 1e6 bytes
+BOX = ((0, 250), (0, 1000))
+QUIET = {"task_overhead": 0.0, "latency_within": 0.0, "latency_across": 0.0}
+
+
+def graph(tasks, workers, cores, out) -> TaskGraph:
+    tg = TaskGraph(tuple(tasks), {"y": Output(tasks[out].shape, "f32", ((out, BOX),))}, workers, cores)
+    tg.validate()
+    return tg
+
+
+def test_a_single_move_costs_bytes_over_bandwidth_plus_latency():
+    tasks = [InputTask("a", BOX, "f32", 0), MoveTask((0,), BOX, 0, 1, "f32")]
+    across = es.Cluster(machines=2, cores=1, **QUIET | {"bandwidth_across": 1e9, "latency_across": 1e-3})
+    sim = run(graph(tasks, 2, 1, 1), across)
+    assert sim.makespan == pytest.approx(1e-3 + 1e-3)
+    assert (sim.bytes_across, sim.bytes_within, sim.links) == (10**6, 0, {(0, 1): 10**6})
+    assert sim.critical_path == (0, 1)
+    assert sim.critical_time["moves across"] == pytest.approx(2e-3)
+    within = es.Cluster(machines=1, cores=2, **QUIET | {"bandwidth_within": 1e10, "latency_within": 1e-6})
+    sim = run(graph(tasks, 2, 2, 1), within)
+    assert sim.makespan == pytest.approx(1e-4 + 1e-6)
+    assert (sim.bytes_across, sim.bytes_within) == (0, 10**6)
+    assert sim.busy == (0.0, 0.0)  # a move holds no core
+
+
+def test_a_chain_adds_gemm_elementwise_move_and_overhead():
+    gemm = Einsummable.from_spec("ij,jk->ik", [(100, 100), (100, 100)])  # 2e6 flops
+    relu = Einsummable.from_spec("ij->ij", [(100, 100)], join="relu(x0)")  # 1e4 flops
+    box = ((0, 100), (0, 100))  # 40,000 bytes
+    tasks = [
+        InputTask("a", box, "f32", 0),
+        InputTask("b", box, "f32", 0),
+        ApplyTask(gemm, (0, 1), 0),
+        ApplyTask(relu, (2,), 0),
+        MoveTask((3,), box, 0, 1, "f32"),
+        ApplyTask(relu, (4,), 1),
+    ]
+    tg = TaskGraph(tuple(tasks), {"y": Output((100, 100), "f32", ((5, box),))}, 2, 1)
+    tg.validate()
+    cluster = es.Cluster(machines=2, cores=1, flops_per_core=1e9, elementwise_flops_per_core=1e7,
+                         bandwidth_across=4e7, latency_across=5e-4, task_overhead=1e-4)
+    sim = run(tg, cluster)
+    # inputs 2 x 0.1 ms on one core, gemm 2.1, relu 1.1, move 1 + 0.5 latency, relu 1.1
+    assert sim.makespan == pytest.approx(6.0e-3)
+    assert sim.critical_path == (0, 1, 2, 3, 4, 5)
+    assert sum(sim.critical_time.values()) == pytest.approx(sim.makespan)
+    assert sim.critical_waits == 1  # input b waited for the core that input a held
+    assert sim.busy == pytest.approx((3.4e-3, 1.1e-3))
+    kinds = [kernel_kind(t.op) for t in tasks if isinstance(t, ApplyTask)]
+    assert kinds == ["gemm", "elementwise", "elementwise"]
+
+
+def _fan(pairs):
+    """One 1 MB input on each source machine, moved to its destination."""
+    tasks = [InputTask(f"a{k}", BOX, "f32", s) for k, (s, _) in enumerate(pairs)]
+    tasks += [MoveTask((k,), BOX, s, d, "f32") for k, (s, d) in enumerate(pairs)]
+    return tasks
+
+
+def test_a_fan_in_queues_on_the_receivers_nic():
+    tasks = _fan([(1, 0), (2, 0), (3, 0)])
+    add = Einsummable.from_spec("ij,ij,ij->ij", [(250, 1000)] * 3, join="x0 + x1 + x2")  # 5e5 flops
+    tasks.append(ApplyTask(add, (3, 4, 5), 0))
+    cluster = es.Cluster(machines=4, cores=1, bandwidth_across=1e9, latency_across=1e-4,
+                         elementwise_flops_per_core=1e9, task_overhead=0.0)
+    sim = run(graph(tasks, 4, 1, 6), cluster)
+    # the three 1 ms transfers share machine 0's in-port: the last lands at 3 ms + latency
+    assert sim.makespan == pytest.approx(3e-3 + 1e-4 + 5e-4)
+    assert sim.critical_waits == 2
+    assert sim.critical_time["moves across"] == pytest.approx(3.1e-3)
+    assert sum(sim.critical_time.values()) == pytest.approx(sim.makespan)
+    assert sim.machine_links == {(1, 0): 10**6, (2, 0): 10**6, (3, 0): 10**6}
+
+
+def test_a_fan_out_queues_on_the_senders_nic_and_a_rotation_does_not():
+    cluster = es.Cluster(machines=4, cores=1, bandwidth_across=1e9, **QUIET)
+    out = [InputTask("a", BOX, "f32", 0)] + [MoveTask((0,), BOX, 0, d, "f32") for d in (1, 2, 3)]
+    assert run(graph(out, 4, 1, 3), cluster).makespan == pytest.approx(3e-3)
+    rotation = _fan([(1, 2), (2, 3), (3, 1)])
+    assert run(graph(rotation, 4, 1, 3), cluster).makespan == pytest.approx(1e-3)
+
+
+def test_peak_memory_counts_blocks_until_their_last_reader():
+    tasks = [InputTask("a", BOX, "f32", 0), MoveTask((0,), BOX, 0, 1, "f32")]
+    sim = run(graph(tasks, 2, 1, 1), es.Cluster(machines=2, cores=1, memory_per_machine=10**6))
+    assert sim.peak_memory == (10**6, 10**6)
+    assert sim.fits
+    assert not run(graph(tasks, 2, 1, 1), es.Cluster(machines=2, cores=1, memory_per_machine=10**5)).fits
+
+
+def test_the_cluster_must_match_the_taskgraph():
+    tasks = [InputTask("a", BOX, "f32", 0), MoveTask((0,), BOX, 0, 1, "f32")]
+    with pytest.raises(SimulationError, match="2 workers"):
+        run(graph(tasks, 2, 1, 1), es.Cluster(machines=1, cores=4))
+
+
+def test_a_real_mlp_step_through_compile():
+    g = mlp_train(batch=256, d=64, hidden=128, out=32)
+    cluster = es.Cluster(machines=2, cores=2)
+    prog = es.compile(g, cluster=cluster, engine="simulate")
+    rng = np.random.default_rng(0)
+    feeds = {n.name: rng.standard_normal(n.shape, dtype=np.float32) for n in g.nodes if hasattr(n, "name")}
+    sim = prog.run(feeds)
+    assert isinstance(sim, Simulation) and sim.tasks == len(prog.taskgraph)
+    st = stats(prog.taskgraph, cluster)
+    assert (sim.bytes_within, sim.bytes_across) == (st.bytes_within, st.bytes_across)
+    assert sim.links == st.links
+    assert sum(sim.critical_time.values()) == pytest.approx(sim.makespan)
+    assert sim.makespan >= max(sim.busy)
+    assert sim.makespan >= st.critical_path  # the stats path ignores overhead and queueing
+    assert all(0 <= u <= 1 + 1e-9 for u in sim.utilisation)
+    assert "makespan" in str(sim) and "critical path" in str(sim)
+    assert es.simulate(prog.taskgraph, cluster).makespan == sim.makespan
+    local = es.compile(g, cluster=cluster)
+    assert local.simulate().makespan == pytest.approx(sim.makespan)
+    with pytest.raises(es.FeedError):
+        prog.run({})
+
+
+def test_the_cluster_round_trips_through_json(tmp_path):
+    cluster = es.Cluster(machines=2, cores=3, elementwise_flops_per_core=2e9, latency_across=1e-5)
+    cluster.to_json(tmp_path / "c.json")
+    assert es.Cluster.from_json(tmp_path / "c.json") == cluster
+    (tmp_path / "bad.json").write_text('{"machines": 2, "nics": 3}')
+    with pytest.raises(es.PlanError, match="nics"):
+        es.Cluster.from_json(tmp_path / "bad.json")
