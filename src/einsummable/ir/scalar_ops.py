@@ -120,9 +120,28 @@ def _relu(out: np.ndarray, a: np.ndarray) -> None:
     np.maximum(a, 0, out=out)
 
 
+_SAME_SIZE_INT = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
 def _where_kernel(out: np.ndarray, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    np.copyto(out, b)
-    np.copyto(out, a, where=c)
+    # A bitwise select, (a & m) | (b & ~m) with m all ones where c holds: exact for every
+    # value (nan and inf included) and branch-free; copyto(where=) on a random mask is ~10x slower.
+    itype = _SAME_SIZE_INT.get(out.dtype.itemsize)
+    if itype is None or out.dtype == np.bool_ or out.dtype.kind == "c":
+        np.copyto(out, b)
+        np.copyto(out, a, where=c)
+        return
+    mask = np.asarray(c).astype(itype)
+    np.negative(mask, out=mask)
+    bits = out.view(itype)
+    np.bitwise_and(_bits(a, out.dtype, itype), mask, out=bits)
+    if not (np.ndim(b) == 0 and float(b) == 0.0 and math.copysign(1.0, float(b)) > 0):
+        np.bitwise_or(bits, np.bitwise_and(_bits(b, out.dtype, itype), np.invert(mask)), out=bits)
+
+
+def _bits(x: np.ndarray | float, dtype: np.dtype, itype: type) -> np.ndarray:
+    arr = np.asarray(x, dtype=dtype) if not isinstance(x, np.ndarray) or x.dtype != dtype else x
+    return arr.view(itype)
 
 
 def _real(out: np.ndarray, a: np.ndarray) -> None:
