@@ -114,6 +114,10 @@ def test_fast_kernel_matches_the_reference_kernel(op, seed, into_out):
     ("i,j->ij", [(3,), (4,)]),
     ("ij,ij->", [(3, 4), (3, 4)]),
     ("bhqd,bhkd->bhqk", [(2, 3, 4, 5), (2, 3, 6, 5)]),
+    ("bc,ac->ab", [(3, 4), (5, 4)]),
+    ("ij,jk->ki", [(3, 4), (4, 5)]),
+    ("abc,dc->dba", [(2, 3, 4), (5, 4)]),
+    ("xbi,xki->bxk", [(2, 3, 4), (2, 5, 4)]),
 ])
 def test_fast_contractions(spec, shapes):
     rng = np.random.default_rng(0)

@@ -155,6 +155,9 @@ def _contract(op: Einsummable, arrays: Sequence[np.ndarray]) -> np.ndarray:
     batch = [i for i in range(op.out_rank) if i in sa and i in sb]
     left = [i for i in range(op.out_rank) if i in sa and i not in sb]
     right = [i for i in range(op.out_rank) if i in sb and i not in sa]
+    if left and right and right[0] < left[0]:
+        # (B A) rather than (A B) lands the GEMM's rows and columns in output order
+        a, ia, sa, b, ib, sb, left, right = b, ib, sb, a, ia, sa, right, left
     inner = [i for i in ia if i in sb and i not in out]
     size = op.join_shape
     a3 = a.transpose([ia.index(i) for i in batch + left + inner]).reshape(
@@ -167,7 +170,9 @@ def _contract(op: Einsummable, arrays: Sequence[np.ndarray]) -> np.ndarray:
     order = batch + left + right
     c = c.reshape([size[i] for i in order])
     present = [i for i in range(op.out_rank) if i in order]
-    c = c.transpose([order.index(i) for i in present])
+    perm = [order.index(i) for i in present]
+    if perm != sorted(perm):
+        c = np.ascontiguousarray(c.transpose(perm))  # elementwise kernels downstream read it row-major
     shape = [size[i] if i in order else 1 for i in range(op.out_rank)]
     return c.reshape(shape)
 
