@@ -242,3 +242,13 @@ def test_classify_common_forms():
     assert scalar.classify(scalar.parse("x0 + x1")) == "sum"
     assert scalar.classify(scalar.parse("2 * x0")) == "scale"
     assert scalar.classify(scalar.parse("exp(x0)")) is None
+
+
+@given(all_exprs)
+def test_fold_constants_keeps_inputs_and_value(e):
+    folded = scalar.fold_constants(e)
+    from einsummable.ir.expr import inputs_used
+
+    assert inputs_used(folded) == inputs_used(e)
+    xs = inputs(3)
+    np.testing.assert_allclose(evaluate(folded, xs), evaluate(e, xs), rtol=1e-9, atol=1e-12)

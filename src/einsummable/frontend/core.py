@@ -279,7 +279,7 @@ def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
             mapping[i] = Var(a)
         else:
             raise DtypeError(f"operand {i} of {scalar.to_string(expr)!r} is a {type(a).__name__}")
-    expr = substitute(expr, mapping)
+    expr = scalar.fold_constants(substitute(expr, mapping))
     try:
         out_shape = _broadcast_shapes([t.shape for t in operands])
     except ShapeError as err:

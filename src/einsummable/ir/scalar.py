@@ -16,7 +16,21 @@ import numpy as np
 
 from einsummable.errors import ExprError
 from einsummable.ir.dtypes import DEFAULT, DTYPES, to_numpy
-from einsummable.ir.expr import ONE, ZERO, Call, Cast, Const, Expr, Input, Var, call, children
+from einsummable.ir.expr import (
+    ONE,
+    ZERO,
+    Call,
+    Cast,
+    Const,
+    Expr,
+    Input,
+    Var,
+    call,
+    children,
+    inputs_used,
+    rebuild,
+    variables_used,
+)
 from einsummable.ir.scalar_ops import LINEAR_UNARY, OPS, Weak, is_call
 
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow"}
@@ -225,6 +239,21 @@ def simplify(e: Expr) -> Expr:
             return new
         e = new
     return e
+
+
+def fold_constants(e: Expr) -> Expr:
+    """Evaluate every subexpression that reads no input and no variable: ``1 - 0.9`` is 0.1.
+
+    Unlike ``simplify`` it never removes an input, so an op keeps its operands.
+    """
+    kids = children(e)
+    if not kids:
+        return e
+    if not inputs_used(e) and not variables_used(e):
+        folded = simplify(e)
+        if isinstance(folded, Const):
+            return folded
+    return rebuild(e, tuple(fold_constants(k) for k in kids))
 
 
 def _sort_key(e: Expr) -> tuple[int, str]:
