@@ -172,6 +172,15 @@ def cmd_plan(args: argparse.Namespace) -> None:
     print(plan if args.full else report.brief(plan))
 
 
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    cluster = Cluster.measure(args.machines, args.cores)
+    cluster.to_json(args.out)
+    print(f"{cluster}: GEMM {cluster.flops_per_core / 1e9:.1f} GFLOP/s per core, elementwise "
+          f"{cluster.elementwise_flops_per_core / 1e9:.2f} GFLOP/s, "
+          f"copy {cluster.copy_bandwidth / 1e9:.1f} GB/s, "
+          f"{cluster.memory_per_machine / 2**30:.0f} GiB per machine; wrote {args.out}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="einsummable", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -215,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--planner", default="eindecomp")
     plan.add_argument("--full", action="store_true", help="one line per node, not just the summary")
     plan.set_defaults(fn=cmd_plan)
+
+    cal = sub.add_parser("calibrate", help="measure this machine's rates and write a cluster JSON file")
+    cal.add_argument("--machines", type=int, default=1, help="machines like this one in the cluster")
+    cal.add_argument("--cores", type=int, default=None, help="cores per machine (default: all)")
+    cal.add_argument("--out", default="cluster.json")
+    cal.set_defaults(fn=cmd_calibrate)
 
     args = parser.parse_args(argv)
     try:

@@ -51,14 +51,15 @@ def test_a_chain_adds_gemm_elementwise_move_and_overhead():
     tg = TaskGraph(tuple(tasks), {"y": Output((100, 100), "f32", ((5, box),))}, 2, 1)
     tg.validate()
     cluster = es.Cluster(machines=2, cores=1, flops_per_core=1e9, elementwise_flops_per_core=1e7,
-                         bandwidth_across=4e7, latency_across=5e-4, task_overhead=1e-4)
+                         copy_bandwidth=4e7, bandwidth_across=4e7, latency_across=5e-4, task_overhead=1e-4)
     sim = run(tg, cluster)
-    # inputs 2 x 0.1 ms on one core, gemm 2.1, relu 1.1, move 1 + 0.5 latency, relu 1.1
-    assert sim.makespan == pytest.approx(6.0e-3)
+    # inputs 2 x 0.1 ms on one core; gemm 0.1 + 2 + 1 (writing its output); relu 0.1 + 1 + 1;
+    # the move 1 + 0.5 latency; relu 2.1
+    assert sim.makespan == pytest.approx(9.0e-3)
     assert sim.critical_path == (0, 1, 2, 3, 4, 5)
     assert sum(sim.critical_time.values()) == pytest.approx(sim.makespan)
     assert sim.critical_waits == 1  # input b waited for the core that input a held
-    assert sim.busy == pytest.approx((3.4e-3, 1.1e-3))
+    assert sim.busy == pytest.approx((5.4e-3, 2.1e-3))
     kinds = [kernel_kind(t.op) for t in tasks if isinstance(t, ApplyTask)]
     assert kinds == ["gemm", "elementwise", "elementwise"]
 
@@ -75,10 +76,11 @@ def test_a_fan_in_queues_on_the_receivers_nic():
     add = Einsummable.from_spec("ij,ij,ij->ij", [(250, 1000)] * 3, join="x0 + x1 + x2")  # 5e5 flops
     tasks.append(ApplyTask(add, (3, 4, 5), 0))
     cluster = es.Cluster(machines=4, cores=1, bandwidth_across=1e9, latency_across=1e-4,
-                         elementwise_flops_per_core=1e9, task_overhead=0.0)
+                         elementwise_flops_per_core=1e9, copy_bandwidth=1e9, task_overhead=0.0)
     sim = run(graph(tasks, 4, 1, 6), cluster)
-    # the three 1 ms transfers share machine 0's in-port: the last lands at 3 ms + latency
-    assert sim.makespan == pytest.approx(3e-3 + 1e-4 + 5e-4)
+    # the three 1 ms transfers share machine 0's in-port: the last lands at 3 ms + latency;
+    # then the sum: 0.5 ms of flops and 1 ms writing its output
+    assert sim.makespan == pytest.approx(3e-3 + 1e-4 + 5e-4 + 1e-3)
     assert sim.critical_waits == 2
     assert sim.critical_time["moves across"] == pytest.approx(3.1e-3)
     assert sum(sim.critical_time.values()) == pytest.approx(sim.makespan)
@@ -137,3 +139,16 @@ def test_the_cluster_round_trips_through_json(tmp_path):
     (tmp_path / "bad.json").write_text('{"machines": 2, "nics": 3}')
     with pytest.raises(es.PlanError, match="nics"):
         es.Cluster.from_json(tmp_path / "bad.json")
+
+
+def test_calibrate_writes_a_cluster_that_loads(tmp_path, monkeypatch):
+    from einsummable import cli
+    from einsummable.plan import calibrate
+
+    for name, value in (("GEMM_N", 64), ("ELEMENTS", 1 << 12), ("COPY_ELEMENTS", 1 << 12), ("REPEATS", 1)):
+        monkeypatch.setattr(calibrate, name, value)
+    assert cli.main(["calibrate", "--cores", "2", "--out", str(tmp_path / "c.json")]) == 0
+    cluster = es.Cluster.from_json(tmp_path / "c.json")
+    assert (cluster.machines, cluster.cores) == (1, 2)
+    assert cluster.flops_per_core > 0 and cluster.elementwise_flops_per_core > 0
+    assert cluster.bandwidth_within == cluster.copy_bandwidth

@@ -9,7 +9,8 @@ Model, one event per task, taken from a heap in time order:
 - a core runs one task at a time, for ``task_overhead`` plus the kernel's time:
   a GEMM's flops at ``flops_per_core``, any other join's at
   ``elementwise_flops_per_core`` (an embedding's gather costs its comparisons and
-  outputs, not its join space), fills and assembled partials their bytes at
+  outputs, not its join space), plus its fresh output block written at
+  ``copy_bandwidth``; fills and assembled partials cost their bytes at
   ``copy_bandwidth``; inputs, views and single-piece partials only the overhead;
 - the ready tasks of a core wait in a heap ordered by critical path (the longest
   chain of predicted time that waits on them), as in the local engine;
@@ -80,16 +81,17 @@ def _nbytes(task: Task) -> int:
 def _apply_seconds(task: ApplyTask, c: Cluster) -> float:
     op = task.op
     kind = kernel_kind(op)
+    if kind == "view":
+        return 0.0
+    write = _nbytes(task) / c.copy_bandwidth
     if kind == "gemm":
-        return op.flops() / c.flops_per_core
+        return op.flops() / c.flops_per_core + write
     if kind == "gather":
         a, b, _ = equality_gather(op)
         matched = set(op.inputs[a]) | set(op.inputs[b])
         compares = math.prod(op.join_shape[i] for i in matched)
-        return (compares + 2 * math.prod(op.out_shape)) / c.elementwise_flops_per_core
-    if kind == "view":
-        return 0.0
-    return op.flops() / c.elementwise_flops_per_core
+        return (compares + math.prod(op.out_shape)) / c.elementwise_flops_per_core + write
+    return op.flops() / c.elementwise_flops_per_core + write
 
 
 def _partial_seconds(task: PartialTask, c: Cluster) -> float:

@@ -3,7 +3,8 @@ rates per core and the memory-copy rate, with every core busy at once (as in a r
 
 Each figure is the median of a few timed repetitions, each core running the same
 numpy kernel in its own thread with BLAS held to one thread, so a figure is what
-one worker gets while its neighbours work too. Moves inside a machine are memory
+one worker gets while its neighbours work too. Time is each thread's CPU time, so
+other programs sharing the box do not count against it. Moves inside a machine are memory
 copies, so ``bandwidth_within`` is the copy rate; the rates between machines,
 latencies and the per-task overhead keep the Cluster defaults unless given.
 
@@ -26,6 +27,7 @@ from einsummable.plan.cluster import Cluster
 
 GEMM_N = 1024
 ELEMENTS = 1 << 22  # 16 MiB of f32: out of cache, like a real block
+COPY_ELEMENTS = 1 << 24  # 64 MiB: past malloc's mmap threshold, so each copy faults its pages in
 REPEATS = 5
 
 
@@ -36,9 +38,9 @@ def _per_core_seconds(cores: int, make: Callable[[], Callable[[], None]]) -> flo
         k()
     def work(i: int, barrier: threading.Barrier, spans: list[float]) -> None:
         barrier.wait()
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         kernels[i]()
-        spans[i] = time.perf_counter() - t0
+        spans[i] = time.thread_time() - t0
 
     times: list[float] = []
     for _ in range(REPEATS):
@@ -75,9 +77,9 @@ def _elementwise() -> Callable[[], None]:
 
 
 def _copy() -> Callable[[], None]:
-    src = np.ones(ELEMENTS, dtype=np.float32)
-    dst = np.empty_like(src)
-    return lambda: np.copyto(dst, src)
+    """Into fresh memory, page faults and all, as every kernel writes its output block."""
+    src = np.ones(COPY_ELEMENTS, dtype=np.float32)
+    return lambda: np.array(src, copy=True)
 
 
 def measure(machines: int = 1, cores: int | None = None, **given: float) -> Cluster:
@@ -86,7 +88,7 @@ def measure(machines: int = 1, cores: int | None = None, **given: float) -> Clus
     with threadpool_limits(1, "blas"):
         gemm = 2 * GEMM_N**3 / _per_core_seconds(cores, _gemm)
         elementwise = 2 * ELEMENTS / _per_core_seconds(cores, _elementwise)
-        copy = 4 * ELEMENTS / _per_core_seconds(cores, _copy)
+        copy = 4 * COPY_ELEMENTS / _per_core_seconds(cores, _copy)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     cluster = Cluster(machines=machines, cores=cores, flops_per_core=gemm, bandwidth_within=copy,
                       elementwise_flops_per_core=elementwise, copy_bandwidth=copy,
