@@ -32,6 +32,7 @@ from einsummable.plan.cluster import Cluster
 from einsummable.plan.space import Space, nbytes
 
 FORBIDDEN = 1e30
+STREAM_BYTES_PER_SECOND = 5e9  # what one core streams through an elementwise kernel here
 # Partial sums cost the adds where they meet as well as their bytes; replicas only bytes.
 # At equal bytes this small premium sends the choice to the replica.
 PARTIAL_PREMIUM = 1.001
@@ -57,12 +58,17 @@ def _limits(sp: Space) -> tuple[int, ...]:
     return tuple(max(1, n) if ok else 1 for n, ok in zip(sp.shape, sp.splittable, strict=True))
 
 
-def compute_target(sp: Space, p: int, cluster: Cluster) -> int:
-    """The block count an op aims at: p, or fewer when blocks would be too small to pay."""
+def compute_target(sp: Space, p: int, cluster: Cluster, touched: float = 0.0) -> int:
+    """The block count an op aims at: p, or fewer when blocks would be too small to pay.
+
+    An op's work is its flops or, for memory-bound ops such as an optimizer update,
+    the flops the core could have done while streaming the ``touched`` bytes.
+    """
     limits = _limits(sp)
     reachable = math.prod(limits)
+    work = max(sp.flops, touched * cluster.flops_per_core / STREAM_BYTES_PER_SECOND)
     for d in sorted(divisors(p), reverse=True):
-        if d == 1 or (sp.flops / d >= cluster.min_block_flops and d <= reachable):
+        if d == 1 or (work / d >= cluster.min_block_flops and d <= reachable):
             break
     for t in range(d, 0, -1):  # a dimension too small for every factorisation of d: take less
         if _exact(t, limits):
@@ -79,7 +85,9 @@ class CostModel:
         self.bytes = [float(nbytes(n)) for n in g.nodes]
         self._cache: dict[tuple, np.ndarray] = {}
         self._arrays: dict[tuple, np.ndarray] = {}
-        targets = [compute_target(sp, p, cluster) if sp.kind == "compute" else 1 for sp in spaces]
+        touched = [self.bytes[v] + sum(self.bytes[u] for u in node.inputs) for v, node in enumerate(g.nodes)]
+        targets = [compute_target(sp, p, cluster, touched[v]) if sp.kind == "compute" else 1
+                   for v, sp in enumerate(spaces)]
         self.big = [sp.kind == "compute" and t == p for sp, t in zip(spaces, targets, strict=True)]
         sizes = sorted(set(divisors(p)) | {t for t, ok in zip(targets, live, strict=True) if ok})
         self.cands: list[np.ndarray] = []
