@@ -95,6 +95,16 @@ def test_a_fan_out_queues_on_the_senders_nic_and_a_rotation_does_not():
     assert run(graph(rotation, 4, 1, 3), cluster).makespan == pytest.approx(1e-3)
 
 
+def test_a_move_waiting_for_a_busy_receiver_does_not_hold_its_senders_port():
+    cluster = es.Cluster(machines=4, cores=1, bandwidth_across=1e9, **QUIET)
+    tasks = _fan([(3, 0), (1, 0), (1, 2)])
+    sim = run(graph(tasks, 4, 1, 5), cluster)
+    # 3->0 takes [0, 1) ms; 1->0 waits for 0's in-port, [1, 2); 1->2 slips in at [0, 1) on 1's out-port
+    assert sim.makespan == pytest.approx(2e-3)
+    assert sim.critical_path == (0, 3, 4)
+    assert sim.critical_waits == 1
+
+
 def test_peak_memory_counts_blocks_until_their_last_reader():
     tasks = [InputTask("a", BOX, "f32", 0), MoveTask((0,), BOX, 0, 1, "f32")]
     sim = run(graph(tasks, 2, 1, 1), es.Cluster(machines=2, cores=1, memory_per_machine=10**6))

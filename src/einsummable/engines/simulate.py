@@ -17,9 +17,10 @@ Model, one event per task, taken from a heap in time order:
 - a move inside a machine takes ``latency_within + bytes / bandwidth_within`` and
   holds no core and no link (cores share memory);
 - a move between machines holds the sending machine's NIC out-port and the
-  receiving machine's in-port (full duplex, one transfer at a time each way, in
-  the order the moves became ready) for ``bytes / bandwidth_across``, then lands
-  ``latency_across`` later;
+  receiving machine's in-port (full duplex, one transfer at a time each way) for
+  ``bytes / bandwidth_across``, then lands ``latency_across`` later. When it becomes
+  ready it books the earliest slot free on both ports, so a move waiting for a busy
+  receiver does not hold its sender's port meanwhile;
 - a block is live from its task's start until its last reader finishes (graph
   outputs to the end); the peak per machine is compared with ``memory_per_machine``.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -188,6 +190,55 @@ def _size(n: float) -> str:
 # ------------------------------------------------------------ the replay
 
 
+class _Port:
+    """One direction of one NIC: its booked transfers as sorted, disjoint [start, end) slots."""
+
+    __slots__ = ("ends", "owners", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.owners: list[int] = []
+
+    def forget_before(self, now: float) -> None:
+        k = bisect_right(self.ends, now)
+        if k:
+            del self.starts[:k], self.ends[:k], self.owners[:k]
+
+    def clash(self, t: float, d: float) -> int:
+        """The first booked slot overlapping [t, t + d), or -1."""
+        k = bisect_right(self.ends, t)
+        return k if k < len(self.starts) and self.starts[k] < t + d else -1
+
+    def book(self, t: float, d: float, owner: int) -> None:
+        """Book [t, t + d), merged with touching slots so a busy stretch is one slot to skip.
+        A slot's owner is the transfer that ends it: the one a later transfer waits for."""
+        k = bisect_left(self.starts, t)
+        end = t + d
+        if k < len(self.starts) and self.starts[k] == end:
+            end, owner = self.ends[k], self.owners[k]
+            del self.starts[k], self.ends[k], self.owners[k]
+        if k and self.ends[k - 1] == t:
+            self.ends[k - 1], self.owners[k - 1] = end, owner
+            return
+        self.starts.insert(k, t)
+        self.ends.insert(k, end)
+        self.owners.insert(k, owner)
+
+
+def _earliest_slot(now: float, d: float, out: _Port, into: _Port) -> tuple[float, int]:
+    """The first time both ports are free for d seconds, and the transfer that held it up (or -1)."""
+    t, blocker = now, -1
+    while True:
+        for port in (out, into):
+            k = port.clash(t, d)
+            if k >= 0:
+                t, blocker = port.ends[k], port.owners[k]
+                break
+        else:
+            return t, blocker
+
+
 def run(tg: TaskGraph, cluster: Cluster) -> Simulation:
     """Replay ``tg`` on ``cluster``: one heap of finish events, one ready heap per core."""
     if cluster.workers != tg.workers or cluster.cores != tg.cores:
@@ -222,8 +273,8 @@ def run(tg: TaskGraph, cluster: Cluster) -> Simulation:
     idle = [True] * workers
     last_on_core = [-1] * workers
     machines = tg.workers // cores
-    port_free = [[0.0] * machines, [0.0] * machines]  # out-ports, in-ports
-    port_last = [[-1] * machines, [-1] * machines]
+    out_ports = [_Port() for _ in range(machines)]
+    in_ports = [_Port() for _ in range(machines)]
     xfer_end = [0.0] * n
     live = [0] * machines
     peak = [0] * machines
@@ -258,13 +309,15 @@ def run(tg: TaskGraph, cluster: Cluster) -> Simulation:
             begin(t, now)
             return
         out_m, in_m = tg.tasks[t].src // cores, loc[t] // cores
-        go = max(now, port_free[0][out_m], port_free[1][in_m])
+        out, into = out_ports[out_m], in_ports[in_m]
+        out.forget_before(now)
+        into.forget_before(now)
+        go, blocker = _earliest_slot(now, dur[t], out, into)
         if go > now:
-            side = 0 if port_free[0][out_m] >= port_free[1][in_m] else 1
-            prev[t], waited[t] = port_last[side][out_m if side == 0 else in_m], True
-        end = go + nbytes[t] / cluster.bandwidth_across
-        port_free[0][out_m] = port_free[1][in_m] = xfer_end[t] = end
-        port_last[0][out_m] = port_last[1][in_m] = t
+            prev[t], waited[t] = blocker, True
+        out.book(go, dur[t], t)
+        into.book(go, dur[t], t)
+        end = xfer_end[t] = go + dur[t]
         live[in_m] += nbytes[t]
         peak[in_m] = max(peak[in_m], live[in_m])
         heapq.heappush(events, (end + latency, t))
