@@ -80,12 +80,12 @@ def _nbytes(task: Task) -> int:
     return math.prod(task.shape) * itemsize(task.dtype)
 
 
-def _apply_seconds(task: ApplyTask, c: Cluster) -> float:
-    op = task.op
+def apply_seconds(op: Einsummable, c: Cluster) -> float:
+    """One core's time for the kernel of ``op``, without the per-task overhead."""
     kind = kernel_kind(op)
     if kind == "view":
         return 0.0
-    write = _nbytes(task) / c.copy_bandwidth
+    write = math.prod(op.out_shape) * itemsize(op.dtype) / c.copy_bandwidth
     if kind == "gemm":
         return op.flops() / c.flops_per_core + write
     if kind == "gather":
@@ -110,7 +110,7 @@ def _partial_seconds(task: PartialTask, c: Cluster) -> float:
 KERNEL_SECONDS: dict[type, Callable[[Task, Cluster], float]] = {
     InputTask: lambda task, c: 0.0,  # a view of the feed
     ConstantTask: lambda task, c: _nbytes(task) / c.copy_bandwidth,
-    ApplyTask: _apply_seconds,
+    ApplyTask: lambda task, c: apply_seconds(task.op, c),
     PartialTask: _partial_seconds,
     ViewTask: lambda task, c: 0.0,
 }
@@ -362,7 +362,7 @@ def _durations(tg: TaskGraph, cluster: Cluster, nbytes: list[int]) -> list[float
             continue
         if isinstance(task, ApplyTask):
             if task.op not in cache:
-                cache[task.op] = _apply_seconds(task, cluster)
+                cache[task.op] = apply_seconds(task.op, cluster)
             out[t] = cache[task.op] + cluster.task_overhead
             continue
         rule = KERNEL_SECONDS.get(type(task))
