@@ -53,6 +53,9 @@ class Program:
 
     def session(self, state: Mapping[str, np.ndarray]) -> Session:
         """Keep ``state`` (parameters, optimizer moments) resident between runs."""
+        if self.engine == "simulate":
+            raise EinsummableError("the simulate engine computes nothing, so it keeps no state; "
+                                   "prog.run(feeds) returns the predicted run")
         return Session(self, state)
 
     def __repr__(self) -> str:

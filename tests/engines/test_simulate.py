@@ -140,6 +140,8 @@ def test_a_real_mlp_step_through_compile():
     assert local.simulate().makespan == pytest.approx(sim.makespan)
     with pytest.raises(es.FeedError):
         prog.run({})
+    with pytest.raises(es.EinsummableError, match="keeps no state"):
+        prog.session({})
 
 
 def test_the_cluster_round_trips_through_json(tmp_path):
