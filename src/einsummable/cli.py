@@ -30,7 +30,7 @@ from einsummable.progress import Progress
 from einsummable.train.trainer import TrainConfig, Trainer, init_params
 
 DEMO_MODEL = PRESETS["demo"]
-DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=300, lr=3e-3, min_lr=3e-4, warmup=30)
+DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=400, lr=3e-3, min_lr=3e-4, warmup=30)
 
 
 def corpus() -> np.ndarray:

@@ -88,8 +88,8 @@ class LlamaConfig:
 PRESETS = {
     "tiny": LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                         num_attention_heads=2, num_key_value_heads=1),
-    "demo": LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256),
+    "demo": LlamaConfig(vocab_size=256, hidden_size=192, intermediate_size=512, num_hidden_layers=3,
+                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=256),
     "llama-7b": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                             num_attention_heads=32, num_key_value_heads=32, rms_norm_eps=1e-5),
     "llama3-8b": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
