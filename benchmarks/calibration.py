@@ -11,6 +11,10 @@ wall time × workers. A share well under 1 means other programs held our cores, 
 the measured time says more about them than about the model; such rows are flagged.
 
     python benchmarks/calibration.py [--workers 1 2] [--repeats 3] [--scale 1.0] [--out DIR]
+
+Measured here on a quiet moment (2 cores, OpenBLAS, medians of 5): every ratio within
+0.87..1.17 at workers 1 and 2. On a busy moment (another program holding a core) the
+workers=2 rows read 0.4..0.7, and their cpu share says why.
 """
 
 from __future__ import annotations
