@@ -1,5 +1,7 @@
 """EinDecomp finds the textbook strategies, and beats the baselines on its own cost model."""
 
+import math
+
 import pytest
 
 import einsummable as es
@@ -99,3 +101,20 @@ def test_report_shows_partitions_strategies_and_baselines():
     for word in ("plan: eindecomp", "a:8 b:1 c:1", "flops/worker", "imbalance", "bytes moved",
                  "across machines", "data_parallel", "model_parallel", "uniform", "none"):
         assert word in text, word
+
+
+@pytest.mark.parametrize("workload", ["mlp fwd+bwd", "chain (skewed)"])
+def test_ops_too_small_for_every_worker_still_split(workload):
+    """At 32 x 64 these ops fill fewer than 2048 workers; they must still take their target, not 1."""
+    g = SUITE[workload]()
+    cluster = Cluster(machines=32, cores=64)
+    sps, live = spaces(g), g.live()
+    model = CostModel(g, sps, cluster.workers, cluster, live)
+    assert max(model.targets) >= 1024
+    for name in ("eindecomp", "data_parallel", "model_parallel", "uniform"):
+        counts = choose(name, g, sps, model, live)
+        for v, sp in enumerate(sps):
+            if sp.kind == "compute" and live[v]:
+                blocks = math.prod(counts[v])
+                assert blocks >= model.targets[v] if name == "eindecomp" else blocks == model.targets[v], \
+                    (name, v, counts[v], model.targets[v])

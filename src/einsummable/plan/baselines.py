@@ -6,8 +6,9 @@
   so weights are cut along their output or their input (contracted) dimension;
 - ``uniform``: split every index of every op, sharing p's prime factors;
 - ``none``: every node whole, so each op runs on one worker.
-Like EinDecomp, each baseline gives every op big enough for p workers exactly p
-blocks: the strategy's index takes as much of p as it can hold, and what is left
+Like EinDecomp, each op with a target t > 1 (``cost.compute_target``: p, or fewer
+for an op too small to fill p workers) gets exactly t blocks: the strategy's
+index takes as much of t as it can hold, and what is left
 is shared among the other indices the uniform way (data parallel with a batch of
 8 on 64 workers also cuts 8 ways elsewhere). Smaller ops, inputs, selects and
 reshapes take the partition their heaviest reader wants, as a hand-written
@@ -87,13 +88,14 @@ def _uniform(sp: Space, p: int, start: list[int] | None = None) -> Counts:
 
 
 def baseline(
-    name: str, g: EinGraph, spaces: Sequence[Space], p: int, live: Sequence[bool], big: Sequence[bool]
+    name: str, g: EinGraph, spaces: Sequence[Space], live: Sequence[bool], targets: Sequence[int]
 ) -> list[Counts]:
-    """Block counts per node; ``big`` marks the ops that get p blocks."""
+    """Block counts per node; ``targets`` gives the blocks of each op (1: stays whole)."""
     batch = batch_dims(g, spaces)
     counts: list[Counts | None] = [None] * len(g.nodes)
     for v, sp in enumerate(spaces):
-        if not big[v] or name == "none":
+        p = targets[v]
+        if p <= 1 or name == "none":
             continue
         if name == "data_parallel":
             counts[v] = _split(sp, batch[v], p)

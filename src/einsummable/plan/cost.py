@@ -11,12 +11,15 @@ cost of a choice of candidates is a sum of
 Fills are rebuilt where read and cost nothing. A formation must take its
 einsummable's output partition: other pairs cost ``FORBIDDEN``.
 
-Candidates: p blocks for every op big enough to fill p workers (p factored over
-the dimensions in every way, never more blocks than a dimension's size; fewer
-when the dimensions are too small for p). Ops too small to fill p workers with
-blocks of ``cluster.min_block_flops``, and data nodes (inputs, selects,
-reshapes), may take any block count that divides p or that some op uses, so
-they stay whole unless following their neighbours saves bytes.
+Candidates: every op has a target, the most blocks up to p that are still worth
+``cluster.min_block_flops`` each (``compute_target``). An op with target p takes
+exactly p blocks (p factored over the dimensions in every way, never more blocks
+than a dimension's size). An op with a smaller target t > 1 takes at least t
+blocks, of any count that divides p or that some op uses, so it can line up with
+its neighbours but can never fall back to running whole: bytes alone would always
+pick the fewest blocks. Tiny ops (target 1) and data nodes (inputs, selects,
+reshapes) may take any such count, so they stay whole unless following their
+neighbours saves bytes.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ class CostModel:
         touched = [self.bytes[v] + sum(self.bytes[u] for u in node.inputs) for v, node in enumerate(g.nodes)]
         targets = [compute_target(sp, p, cluster, touched[v]) if sp.kind == "compute" else 1
                    for v, sp in enumerate(spaces)]
-        self.big = [sp.kind == "compute" and t == p for sp, t in zip(spaces, targets, strict=True)]
+        self.targets = targets
         sizes = sorted(set(divisors(p)) | {t for t, ok in zip(targets, live, strict=True) if ok})
         self.cands: list[np.ndarray] = []
         for nid, sp in enumerate(spaces):
@@ -102,9 +105,10 @@ class CostModel:
                 key = ("exact", targets[nid], _limits(sp))
                 c = self._array(key, lambda t=targets[nid], sp=sp: _as_array(_exact(t, _limits(sp)), sp))
             else:
-                key = ("any", tuple(sizes), _limits(sp))
-                c = self._array(key, lambda sp=sp: _as_array(
-                    tuple(v for s in sizes for v in _exact(s, _limits(sp))), sp))
+                at_least = [s for s in sizes if s >= targets[nid]]
+                key = ("any", tuple(at_least), _limits(sp))
+                c = self._array(key, lambda sp=sp, at_least=at_least: _as_array(
+                    tuple(v for s in at_least for v in _exact(s, _limits(sp))), sp))
             self.cands.append(c)
         self.unary = [self.node_cost(nid, c) for nid, c in enumerate(self.cands)]
 

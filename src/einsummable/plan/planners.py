@@ -30,7 +30,7 @@ def choose(
         picks = eindecomp.solve(g, model, live)
         return [tuple(int(x) for x in model.cands[v][c]) for v, c in enumerate(picks)]
     if name in baselines.BASELINES:
-        return baselines.baseline(name, g, sps, model.p, live, model.big)
+        return baselines.baseline(name, g, sps, live, model.targets)
     raise PlanError(f"unknown planner {name!r}; expected one of {list(PLANNERS)}")
 
 
