@@ -8,6 +8,10 @@ Policy, node by node in topological order (list scheduling on the cluster model)
   to receive the bytes not already on that worker (flop time and F × bytes
   received, as DESIGN.md §5 asks). A chain of small ops thus stays on one
   worker, and the blocks of a big op spread;
+- only a few workers are weighed for each block (``candidates``): those holding
+  most of its inputs, its own worker (block b leans to b mod p) and some of the
+  least busy. The best worker is nearly always among them, and planning costs
+  blocks × a few instead of blocks × p per node, which 2048 workers need;
 - no worker takes more than ``ceil(blocks / workers)`` blocks of one node;
 - the blocks of a partial-sum group stay on one machine while it has room.
 """
@@ -74,13 +78,18 @@ def place(
             done[nid] = done[node.inputs[0]]
         else:
             costs = [edge_cost(g, nid, k, sp, part, held[u], machines) for k, u in enumerate(node.inputs)]
-            seconds = np.zeros((n, workers))
-            for c in costs:
-                seconds += c.within / cluster.bandwidth_within + c.across / cluster.bandwidth_across
+            start = max((done[u] for u in node.inputs), default=0.0)
+
+            def arrive(blocks: np.ndarray, ws: np.ndarray, costs=costs, start=start) -> np.ndarray:
+                t = np.full(blocks.shape, start)
+                for c in costs:
+                    within, across = c.at(blocks, ws)
+                    t += within / cluster.bandwidth_within + across / cluster.bandwidth_across
+                return t
+
             work = flops_per_block(sp, part) / cluster.flops_per_core
             groups = _groups(sp, part) if sp.aggregated else None
-            start = max((done[u] for u in node.inputs), default=0.0)
-            placed, done[nid] = _assign(seconds + start, work, ready, machines, groups)
+            placed, done[nid] = _assign(candidates(costs, n, ready), arrive, work, ready, machines, groups)
             for c, u in zip(costs, node.inputs, strict=True):
                 _count(c, placed, seen, u, moved)
             np.add.at(flops, placed, work * cluster.flops_per_core)
@@ -92,8 +101,7 @@ def place(
 
 def _count(c: EdgeCost, where: np.ndarray, seen: dict, u: int, moved: list[int]) -> None:
     """Add the bytes of reads not yet made at their location (moves are shared)."""
-    workers = c.within.shape[1]
-    codes = c.key * workers + where
+    codes = c.key * len(c.machines) + where
     fresh, first = np.unique(codes, return_index=True)
     old = seen.get((u, c.tag))
     if old is not None:
@@ -102,8 +110,29 @@ def _count(c: EdgeCost, where: np.ndarray, seen: dict, u: int, moved: list[int])
         seen[(u, c.tag)] = np.concatenate([old, fresh])
     else:
         seen[(u, c.tag)] = fresh
-    moved[0] += int(c.within[first, where[first]].sum())
-    moved[1] += int(c.across[first, where[first]].sum())
+    within, across = c.at(first, where[first])
+    moved[0] += int(within.sum())
+    moved[1] += int(across.sum())
+
+
+SPREAD = 2  # least busy workers weighed per block
+
+
+def candidates(costs: list[EdgeCost], n: int, ready: np.ndarray) -> np.ndarray:
+    """[blocks, a few] workers to weigh per block: its own, its inputs' main holders, idle ones.
+
+    Block b's idle workers are the b-th, (b+n)-th, ... least busy, so the blocks of
+    one node reach for different workers.
+    """
+    workers = len(ready)
+    blocks = np.arange(n)
+    idle = np.argsort(ready, kind="stable")
+    cols = [blocks % workers]
+    cols += [idle[(blocks + j * n) % workers] for j in range(SPREAD)]
+    for c in costs:
+        top = c.top[c.key]
+        cols += [np.where(top[:, j] >= 0, top[:, j], cols[0]) for j in range(top.shape[1])]
+    return np.stack(cols, axis=1)
 
 
 def _groups(sp: Space, part: Partition) -> np.ndarray:
@@ -116,17 +145,22 @@ def _groups(sp: Space, part: Partition) -> np.ndarray:
 
 
 def _assign(
-    arrival: np.ndarray, work: np.ndarray, ready: np.ndarray, machines: np.ndarray, groups: np.ndarray | None
+    cand: np.ndarray, arrive, work: np.ndarray, ready: np.ndarray, machines: np.ndarray,
+    groups: np.ndarray | None,
 ) -> tuple[np.ndarray, float]:
-    """Earliest finish per block, in a few rounds: every open block bids for its best worker
-    with room, and each worker takes its earliest-finishing bidders; blocks still open
-    after that go to the workers with room that are free first. Updates ``ready``."""
-    n, workers = arrival.shape
-    finish = np.maximum(ready[None, :], arrival) + work[:, None]
+    """Earliest finish per block among its candidate workers, in a few rounds: every open
+    block bids for its best candidate with room, and each worker takes its
+    earliest-finishing bidders; blocks still open after that go to the workers with
+    room that are free first. ``arrive(blocks, workers)`` is when inputs are in place.
+    Updates ``ready``."""
+    n, width = cand.shape
+    workers = len(ready)
+    rows = np.repeat(np.arange(n), width).reshape(n, width)
+    finish = np.maximum(ready[cand], arrive(rows, cand)) + work[:, None]
     # block b leans toward worker b mod p, as inputs do: near-ties spread instead of colliding,
     # and nodes with equal partitions line up, so elementwise readers find their operands local
-    rank = (np.arange(workers)[None, :] - np.arange(n)[:, None]) % workers
-    finish = finish + (rank > 0) * LEAN * work[:, None] + 1e-12 * rank
+    lean = (cand - rows) % workers
+    finish = finish + (lean > 0) * LEAN * work[:, None] + 1e-12 * lean
     room = np.full(workers, -(-n // workers))
     where = np.full(n, -1, dtype=np.int64)
     open_ = np.arange(n)
@@ -134,14 +168,16 @@ def _assign(
     for _ in range(ROUNDS):
         if not len(open_):
             break
-        score = np.where(room[None, :] > 0, finish[open_], np.inf)
+        mine = cand[open_]
+        score = np.where(room[mine] > 0, finish[open_], np.inf)
         if groups is not None:  # a partial-sum group stays on the machine it started on
             h = home[groups[open_]]
-            away = (h[:, None] >= 0) & (machines[None, :] != h[:, None])
+            away = (h[:, None] >= 0) & (machines[mine] != h[:, None])
             fenced = np.where(away, np.inf, score)
             score = np.where(np.isfinite(fenced).any(axis=1)[:, None], fenced, score)
-        best = np.argmin(score, axis=1)
-        order = np.lexsort((score[np.arange(len(open_)), best], best))
+        col = np.argmin(score, axis=1)
+        best = mine[np.arange(len(open_)), col]
+        order = np.lexsort((score[np.arange(len(open_)), col], best))
         rank = np.arange(len(order)) - np.searchsorted(best[order], best[order])
         take = order[rank < room[best[order]]]
         blocks, ws = open_[take], best[take]
@@ -155,7 +191,11 @@ def _assign(
         slots = np.repeat(np.arange(workers), room)
         slots = slots[np.argsort(ready[slots], kind="stable")]
         where[open_] = slots[: len(open_)]
-    for w in np.unique(where):  # a worker with several blocks runs them back to back
-        mine = where == w
-        ready[w] = max(ready[w], arrival[mine, w].min()) + work[mine].sum()
-    return where, float(ready[np.unique(where)].max()) if n else 0.0
+    if not n:
+        return where, 0.0
+    # a worker with several blocks runs them back to back, from the first arrival
+    first = np.full(workers, np.inf)
+    np.minimum.at(first, where, arrive(np.arange(n), where))
+    used = np.unique(where)
+    ready[used] = np.maximum(ready[used], first[used]) + np.bincount(where, work, minlength=workers)[used]
+    return where, float(ready[used].max())

@@ -65,27 +65,64 @@ def block_indices(counts: tuple[int, ...]) -> np.ndarray:
     return np.stack([gr.ravel() for gr in grids], axis=1)
 
 
-def overlap_volumes(a: Partition, b: Partition) -> np.ndarray:
-    """[blocks of a, blocks of b]: element counts of every pairwise intersection."""
-    mats = []
+def overlap_pairs(a: Partition, b: Partition) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The blocks of a and b that meet, sparse: (block of a, block of b, elements in common).
+
+    Along one dimension the cuts of both partitions split it into segments, each
+    inside one block of a and one of b; the pairs in several dimensions are the
+    products of these, so the cost grows with the pairs that meet, not blocks × blocks.
+    """
+    rows, cols, vol = np.zeros(1, np.int64), np.zeros(1, np.int64), np.ones(1)
     for ba, bb in zip(a.bounds, b.bounds, strict=True):
-        lo = np.maximum(np.array(ba[:-1])[:, None], np.array(bb[:-1])[None, :])
-        hi = np.minimum(np.array(ba[1:])[:, None], np.array(bb[1:])[None, :])
-        mats.append(np.maximum(hi - lo, 0).astype(np.float64))
-    out = np.ones((1, 1))
-    for m in mats:
-        out = (out[:, None, :, None] * m[None, :, None, :]).reshape(out.shape[0] * m.shape[0], -1)
-    return out
+        ea, eb = np.array(ba), np.array(bb)
+        cuts = np.union1d(ea, eb)
+        lo, length = cuts[:-1], np.diff(cuts)
+        ia, ib = np.searchsorted(ea, lo, "right") - 1, np.searchsorted(eb, lo, "right") - 1
+        rows = (rows[:, None] * (len(ba) - 1) + ia[None, :]).ravel()
+        cols = (cols[:, None] * (len(bb) - 1) + ib[None, :]).ravel()
+        vol = (vol[:, None] * length[None, :]).ravel()
+    return rows, cols, vol
 
 
-@dataclass(frozen=True)
+def _sums(codes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique codes and the sum of the values of each."""
+    unique, inverse = np.unique(codes, return_inverse=True)
+    return unique, np.bincount(inverse, weights=values, minlength=len(unique))
+
+
+def _lookup(codes: np.ndarray, sums: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    if not len(codes):
+        return np.zeros(queries.shape)
+    i = np.minimum(np.searchsorted(codes, queries), len(codes) - 1)
+    return np.where(codes[i] == queries, sums[i], 0.0)
+
+
+@dataclass(frozen=True, eq=False)
 class EdgeCost:
-    """Bytes that each reader block receives, per candidate location, for one operand."""
+    """What the reader blocks of one operand receive, kept sparse over locations.
 
-    within: np.ndarray  # [reader blocks, workers]: bytes from other cores of the same machine
-    across: np.ndarray  # [reader blocks, workers]: bytes from other machines
-    tag: object  # reads with equal (tag, key) at one location are one read
-    key: np.ndarray  # [reader blocks]
+    A reader block reads one *read block* (``key``); bytes are summed per (read
+    block, worker) and per (read block, machine) that holds them, so a query for
+    any block at any worker costs a binary search instead of a blocks × workers matrix.
+    """
+
+    key: np.ndarray  # [reader blocks]: the read block; equal (tag, key) at one location are one read
+    tag: object
+    total: np.ndarray  # [read blocks]: bytes
+    on_worker: tuple[np.ndarray, np.ndarray]  # codes read block * workers + worker, bytes
+    on_machine: tuple[np.ndarray, np.ndarray]  # codes read block * machines + machine, bytes
+    top: np.ndarray  # [read blocks, TOP]: the workers holding the most of each, -1 past the end
+    machines: np.ndarray  # machine of each worker
+
+    def at(self, blocks: np.ndarray, workers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Bytes from the same machine and from other machines, for reader block b at worker w."""
+        r = self.key[blocks]
+        here = _lookup(*self.on_worker, r * len(self.machines) + workers)
+        machine = _lookup(*self.on_machine, r * (int(self.machines[-1]) + 1) + self.machines[workers])
+        return machine - here, self.total[r] - machine
+
+
+TOP = 2  # holders of a read block that placement considers
 
 
 def operand_partition(sp: Space, k: int, part: Partition, shape: tuple[int, ...]) -> Partition:
@@ -101,35 +138,36 @@ def edge_cost(
     """What the blocks of node ``nid`` receive for operand k, wherever they are placed."""
     node = g.nodes[nid]
     src = g.nodes[node.inputs[k]]
-    workers = len(machines)
+    workers, n_machines = len(machines), int(machines[-1]) + 1
     if isinstance(src, Fill):
-        zero = np.zeros((part.num_blocks, workers))
-        return EdgeCost(zero, zero, ("fill", nid), np.arange(part.num_blocks))
-    size = itemsize(src.dtype)
-    if isinstance(node, Select):
-        vol, key = _select_volumes(node, k, part, prod.part)
-        tag: object = ("select", nid, k)
+        rows = qs = np.zeros(0, np.int64)
+        vol, key, tag, n_rows = np.zeros(0), np.arange(part.num_blocks), ("fill", nid), part.num_blocks
+    elif isinstance(node, Select):
+        dense, key = _select_volumes(node, k, part, prod.part)
+        rows, qs = np.nonzero(dense)
+        vol, tag, n_rows = dense[rows, qs], ("select", nid, k), part.num_blocks
     else:
         opart = operand_partition(sp, k, part, src.shape)
-        vol = overlap_volumes(opart, prod.part)
+        rows, qs, vol = overlap_pairs(opart, prod.part)
         idx = block_indices(part.counts)
-        ocounts = [c for c, d in zip(opart.counts, sp.operands[k], strict=True) if d is not None]
         key = np.zeros(part.num_blocks, dtype=np.int64)
-        for d, c in zip([d for d in sp.operands[k] if d is not None], ocounts, strict=True):
-            key = key * c + idx[:, d]
-        tag = opart
-    # sparse: each read block overlaps few producer blocks, each held in one place or a few
-    rows, qs = np.nonzero(vol)
+        for d, c in zip(sp.operands[k], opart.counts, strict=True):
+            if d is not None:
+                key = key * c + idx[:, d]
+        tag, n_rows = opart, opart.num_blocks
+    # each read block overlaps few producer blocks, each held in one place or a few
     pos, loc = prod.entries_of(qs)
-    r, v = rows[pos], vol[rows, qs][pos]
-    n_rows, n_machines = vol.shape[0], int(machines.max()) + 1
-    total = np.bincount(r, weights=v, minlength=n_rows)
-    here = np.bincount(r * workers + loc, weights=v, minlength=n_rows * workers).reshape(n_rows, workers)
-    per_machine = np.bincount(r * n_machines + machines[loc], weights=v, minlength=n_rows * n_machines)
-    on_machine = per_machine.reshape(n_rows, n_machines)[:, machines]
-    across = (total[:, None] - on_machine) * size
-    within = (on_machine - here) * size
-    return EdgeCost(within[key], across[key], tag, key)
+    r, v = rows[pos], vol[pos] * itemsize(src.dtype)
+    on_worker = _sums(r * workers + loc, v)
+    codes, held = on_worker
+    order = np.lexsort((-held, codes // workers))
+    owner = codes[order] // workers
+    rank = np.arange(len(order)) - np.searchsorted(owner, owner)
+    top = np.full((n_rows, TOP), -1, dtype=np.int64)
+    keep = rank < TOP
+    top[owner[keep], rank[keep]] = codes[order][keep] % workers
+    return EdgeCost(key, tag, np.bincount(r, weights=v, minlength=n_rows), on_worker,
+                    _sums(r * n_machines + machines[loc], v), top, machines)
 
 
 def _select_volumes(node: Select, k: int, part: Partition, prod: Partition) -> tuple[np.ndarray, np.ndarray]:
