@@ -94,11 +94,14 @@ class CostModel:
         self.targets = targets
         sizes = sorted(set(divisors(p)) | {t for t, ok in zip(targets, live, strict=True) if ok})
         self.cands: list[np.ndarray] = []
+        self.follow: dict[int, np.ndarray] = {}  # formation: its candidate per einsummable candidate
         for nid, sp in enumerate(spaces):
-            if sp.kind == "follow":
+            if sp.kind == "follow":  # the distinct output partitions of its einsummable's candidates
                 u = g.nodes[nid].inputs[0]
                 key = ("follow", id(self.cands[u]), spaces[u].out_dims)
-                c = self._array(key, lambda u=u: self.cands[u][:, list(spaces[u].out_dims)])
+                c, inverse = self._array(key, lambda u=u: np.unique(
+                    self.cands[u][:, list(spaces[u].out_dims)], axis=0, return_inverse=True))
+                self.follow[nid] = inverse.reshape(-1)
             elif sp.kind == "fill" or not live[nid]:
                 c = self._array(("whole", len(sp.shape)), lambda sp=sp: np.ones((1, len(sp.shape)), np.int64))
             elif sp.kind == "compute" and targets[nid] == p:
@@ -112,7 +115,7 @@ class CostModel:
             self.cands.append(c)
         self.unary = [self.node_cost(nid, c) for nid, c in enumerate(self.cands)]
 
-    def _array(self, key: tuple, make) -> np.ndarray:
+    def _array(self, key: tuple, make):
         if key not in self._arrays:
             self._arrays[key] = make()
         return self._arrays[key]
@@ -154,16 +157,28 @@ class CostModel:
         share = np.prod(lo / hi, axis=2)
         return self.bytes[u] * (1.0 - share)
 
-    def edge(self, u: int, v: int, k: int) -> np.ndarray:
-        """The edge cost over the candidate lists, cached by what it depends on."""
+    def unit_t(self, u: int, v: int, k: int) -> np.ndarray:
+        """[candidates of v, candidates of u]: the edge cost per byte of u, cached by what it
+        depends on. Transposed, so that minimising over u's candidates runs along rows."""
         key = (id(self.cands[u]), id(self.cands[v]), self.spaces[u].out_dims, self.spaces[v].operands[k],
                self.spaces[v].kind, isinstance(self.g.nodes[u], Fill))
-        scale = self.bytes[u] or 1.0  # costs scale with |X|; cache them per byte
         unit = self._cache.get(key)
         if unit is None:
-            unit = self.edge_cost(u, v, k, self.cands[u], self.cands[v]) / scale
-            self._cache[key] = unit
-        return unit * scale
+            cost = self.edge_cost(u, v, k, self.cands[u], self.cands[v]) / self.scale(u)
+            unit = self._cache[key] = np.ascontiguousarray(cost.T)
+        return unit
+
+    def scale(self, u: int) -> float:
+        """Edge costs scale with the producer's bytes."""
+        return self.bytes[u] or 1.0
+
+    def edge(self, u: int, v: int, k: int) -> np.ndarray:
+        """[candidates of u, candidates of v]: the edge cost over the candidate lists."""
+        return self.unit_t(u, v, k).T * self.scale(u)
+
+    def bound(self, u: int, v: int) -> float:
+        """The most an edge can cost, bar a forbidden pair: all of u's bytes move."""
+        return FORBIDDEN if self.spaces[v].kind == "follow" else self.bytes[u]
 
     def evaluate(self, counts: Sequence[Sequence[int]], live: Sequence[bool]) -> float:
         """The model cost of any plan, given its block counts per node."""

@@ -88,19 +88,28 @@ def _solve_tree(g, model: CostModel, nodes: list[int], inside: set[int], parent:
     back: dict[int, np.ndarray] = {}
     for x in nodes:  # ascending ids: producers before consumers
         cost = model.unary[x].copy()
-        for k, u in enumerate(g.nodes[x].inputs):
-            if u in inside and parent[u] == x:
-                continue
+        inputs = g.nodes[x].inputs
+        for k, u in enumerate(inputs):
             if choice[u] >= 0 and u not in inside:
-                cost += model.edge(u, x, k)[choice[u]]
+                cost += model.unit_t(u, x, k)[:, choice[u]] * model.scale(u)
         for w, k in users[x]:
             if w not in inside and choice[w] >= 0:
-                cost += model.edge(x, w, k)[:, choice[w]]
-        for c in dict.fromkeys(u for u in g.nodes[x].inputs if u in inside and parent[u] == x):
-            total = sum(model.edge(c, x, k) for k, u in enumerate(g.nodes[x].inputs) if u == c)
-            m = value[c][:, None] + total
-            back[c] = np.argmin(m, axis=0)
-            cost += m[back[c], np.arange(m.shape[1])]
+                cost += model.unit_t(x, w, k)[choice[w]] * model.scale(x)
+        for c in dict.fromkeys(u for u in inputs if u in inside and parent[u] == x):
+            if x in model.follow:  # a formation: the best candidate of c with each output partition
+                back[c] = _group_argmin(value[c], model.follow[x], len(cost))
+                cost += value[c][back[c]]
+                continue
+            ks = [k for k, u in enumerate(inputs) if u == c]
+            # a candidate of c dearer than c's best plus the most its edges can cost never wins
+            rows = np.flatnonzero(value[c] <= value[c].min() + len(ks) * model.bound(c, x))
+            m = model.unit_t(c, x, ks[0])[:, rows] * model.scale(c)
+            for k in ks[1:]:
+                m += model.unit_t(c, x, k)[:, rows] * model.scale(c)
+            m += value[c][rows]
+            best = np.argmin(m, axis=1)
+            back[c] = rows[best]
+            cost += m[np.arange(len(m)), best]
         value[x] = cost
     out: dict[int, int] = {}
     for x in reversed(nodes):
@@ -109,3 +118,9 @@ def _solve_tree(g, model: CostModel, nodes: list[int], inside: set[int], parent:
         else:
             out[x] = int(np.argmin(value[x]))
     return out
+
+
+def _group_argmin(values: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
+    """For each group, the index of its smallest value (the first one on ties)."""
+    order = np.lexsort((np.arange(len(values)), values, group))
+    return order[np.searchsorted(group[order], np.arange(groups))]
