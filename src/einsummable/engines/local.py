@@ -119,7 +119,8 @@ PREPARE = {
 }
 
 
-def _cost(task) -> float:
+def task_cost(task) -> float:
+    """A task's estimated work, for ranking ready tasks by critical path."""
     return float(task.op.flops()) if isinstance(task, ApplyTask) else float(np.prod(task.shape))
 
 
@@ -161,7 +162,7 @@ class LocalProgram:
         tasks = tg.tasks
         self.inputs = [t.inputs for t in tasks]
         self.location = [t.loc for t in tasks]
-        self.rank = scheduler.critical_path(self.inputs, [_cost(t) for t in tasks])
+        self.rank = scheduler.critical_path(self.inputs, [task_cost(t) for t in tasks])
         self.keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
         self.steps = [PREPARE[type(t)](t) for t in tasks]
 

@@ -69,6 +69,25 @@ class Cluster:
             raise PlanError(f"{path}: unknown cluster fields {unknown}; known: {sorted(known)}")
         return Cluster(**values)
 
+    @classmethod
+    def from_ray(cls, address: str | None = None, **hardware: float) -> Cluster:
+        """The connected Ray cluster's shape: its live nodes with CPUs, and the fewest CPUs on one.
+
+        Joins ``address`` (or starts a local Ray) when not yet connected; ``hardware``
+        sets the rates (flops_per_core, bandwidths, ...) that Ray cannot know.
+        """
+        try:
+            import ray  # an optional extra: the planner itself never needs it
+        except ModuleNotFoundError as err:
+            raise PlanError("Cluster.from_ray needs Ray: pip install 'einsummable[ray]'") from err
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        cpus = [int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]]
+        cpus = [c for c in cpus if c >= 1]
+        if not cpus:
+            raise PlanError("the Ray cluster has no live node with CPUs")
+        return cls(machines=len(cpus), cores=min(cpus), **hardware)
+
     @staticmethod
     def local(workers: int) -> Cluster:
         """``workers=n``: one machine with n cores."""

@@ -1,0 +1,188 @@
+"""The Ray engine on a simulated cluster of 2 nodes × 2 CPUs: results, sessions, faults.
+
+They run in the default ``python -m pytest`` (about 25 s); ``-m ray`` runs only them.
+"""
+
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_session import mlp_step
+
+import einsummable as es
+from einsummable.engines import reference
+from einsummable.engines.scheduler import EngineError
+from einsummable.lower.lowering import lower
+from einsummable.lower.taskgraph import MoveTask
+from einsummable.plan.plan import build
+from graphgen import random_graph, random_partitions
+
+ray = pytest.importorskip("ray")
+ray_engine = pytest.importorskip("einsummable.engines.ray_engine")
+
+pytestmark = pytest.mark.ray
+TWO_BY_TWO = es.Cluster(machines=2, cores=2)
+
+
+@pytest.fixture(scope="session")
+def two_nodes():
+    """One Ray for the whole test session: two raylets on this machine, 2 CPUs each."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def _node_of(actor) -> str:
+    return ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+
+
+def test_cluster_from_ray_reads_nodes_and_cpus(two_nodes):
+    cluster = es.Cluster.from_ray(flops_per_core=1e10)
+    assert (cluster.machines, cluster.cores, cluster.flops_per_core) == (2, 2, 1e10)
+
+
+@settings(max_examples=30)
+@given(st.integers(0, 2**32 - 1))
+def test_random_graphs_match_reference_on_two_nodes(two_nodes, seed):
+    rng = random.Random(seed)
+    g, feeds = random_graph(rng, n_ops=rng.randint(1, 10))
+    tg = lower(g.ir, build(g.ir, TWO_BY_TWO, random_partitions(g.ir, rng)))
+    frozen = {k: v.copy() for k, v in feeds.items()}
+    want = reference.run(g.ir, feeds)
+    got = ray_engine.RayProgram(tg).run(feeds)
+    for name in want:
+        assert got[name].dtype == want[name].dtype
+        np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-4, err_msg=name)
+    for k in feeds:
+        np.testing.assert_array_equal(feeds[k], frozen[k], err_msg=f"feed {k} was written")
+
+
+def _chain(n: int, length: int):
+    g = es.Graph()
+    ts = [g.input(f"x{k}", (n, n)) for k in range(length)]
+    y = ts[0]
+    for t in ts[1:]:
+        y = y @ t
+    g.output("y", y)
+    rng = np.random.default_rng(0)
+    feeds = {f"x{k}": (rng.standard_normal((n, n), dtype=np.float32) / np.float32(np.sqrt(n)))
+             for k in range(length)}
+    return g, feeds
+
+
+def test_workers_are_pinned_to_their_machines_nodes_and_blocks_cross_them(two_nodes):
+    g, feeds = _chain(1024, 4)
+    prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+    runner = prog._runner.__self__
+    nodes = [_node_of(a) for a in runner.actors]
+    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
+    assert nodes[0] == ray.get_runtime_context().get_node_id()  # machine 0 is the driver's node
+    tg = prog.taskgraph
+    across = [t for t in tg.tasks if isinstance(t, MoveTask) and tg.machine_of(t.src) != tg.machine_of(t.loc)]
+    assert across, "the plan should move blocks between the two machines"
+    want = feeds["x0"] @ feeds["x1"] @ feeds["x2"] @ feeds["x3"]
+    np.testing.assert_allclose(prog.run(feeds)["y"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_second_program_reuses_the_actors(two_nodes):
+    g, _ = _chain(32, 3)
+    a = es.compile(g, cluster=TWO_BY_TWO, engine="ray")._runner.__self__
+    b = es.compile(g, cluster=TWO_BY_TWO, engine="ray")._runner.__self__
+    assert [x._actor_id for x in a.actors] == [x._actor_id for x in b.actors]
+
+
+@pytest.mark.parametrize("cluster", [es.Cluster(machines=1, cores=3), TWO_BY_TWO])
+def test_session_equals_feeding_the_state_each_step(two_nodes, cluster):
+    g, step, params, batch = mlp_step()
+    prog = es.compile(g, cluster=cluster, engine="ray")
+    state = params | step.init_state()
+    losses = []
+    for t in range(4):
+        out = prog.run(state | batch | {"lr": 0.01 * (t + 1)})
+        losses.append(float(out["loss"]))
+        state = step.carry(out)
+    sess = prog.session(params | step.init_state())
+    got = [float(sess.run(batch | {"lr": 0.01 * (t + 1)}, fetch=["loss"])["loss"]) for t in range(4)]
+    np.testing.assert_allclose(got, losses, rtol=1e-6)
+    assert all(isinstance(sess._state[n], ray_engine.RayBlocks) for n in ("w1", "w2", "w1.m", "adam.step"))
+    final = sess.state()
+    for name in state:
+        np.testing.assert_allclose(final[name], state[name], rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_a_failing_kernel_names_the_task_and_the_next_run_works(two_nodes):
+    g = es.Graph()
+    x = g.input("x", (8, 8))
+    g.output("y", (x @ x).exp() * "scale")
+    prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+    ones = np.ones((8, 8), np.float32)
+    with pytest.raises(EngineError, match=r"worker \d: .*apply\[.*\] of node %\d+.*'scale'"):
+        prog._runner({"x": ones}, {})
+    np.testing.assert_allclose(prog.run({"x": ones, "scale": 2.0})["y"], 2 * np.exp(ones @ ones), rtol=1e-5)
+
+
+def test_a_plan_for_more_machines_than_nodes_is_refused(two_nodes):
+    g, _ = _chain(8, 2)
+    with pytest.raises(EngineError, match="3 machines but the Ray cluster has 2"):
+        es.compile(g, cluster=es.Cluster(machines=3, cores=1), engine="ray")
+
+
+def _kill_during(prog, worker: int, feeds, after: float):
+    """Run ``prog`` and kill one of its actors ``after`` seconds in; return the error raised."""
+    actor = prog._runner.__self__.actors[worker]
+    timer = threading.Timer(after, lambda: ray.kill(actor, no_restart=True))
+    timer.start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(EngineError) as info:
+            prog.run(feeds)
+    finally:
+        timer.cancel()
+    return info.value, time.monotonic() - start
+
+
+def test_killing_an_actor_mid_run_raises_naming_it_then_the_next_run_restarts_it(two_nodes):
+    length, took = 24, 0.0
+    while took < 1.0:  # long enough to be killed in the middle on a faster machine too
+        length *= 2 if took else 1
+        g, feeds = _chain(1024, length)
+        prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+        start = time.monotonic()
+        want = prog.run(feeds)["y"]
+        took = time.monotonic() - start
+    err, waited = _kill_during(prog, 3, feeds, after=took / 4)
+    assert waited < took + 20, "the failed run must end promptly, not wait out a timeout"
+    message = str(err)
+    assert "worker 3" in message and "died during the run" in message and "did not finish" in message
+    assert "apply[" in message  # names the lost tasks
+    np.testing.assert_array_equal(prog.run(feeds)["y"], want)  # restarted on its node, same result
+
+
+def test_resident_state_on_a_dead_worker_is_reported_lost_never_zeroed(two_nodes):
+    g, step, params, batch = mlp_step()
+    prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+    runner = prog._runner.__self__
+    sess = prog.session(params | step.init_state())
+    sess.run(batch | {"lr": 0.01})
+    holder = next(w for w, _, _ in sess._state["w1"].where.values())
+    ray.kill(runner.actors[holder], no_restart=True)
+    with pytest.raises(EngineError, match=r"(resident tensor .* was lost|worker \d+ .*died)"):
+        sess.run(batch | {"lr": 0.01})
+    with pytest.raises(EngineError, match=r"resident tensor 'w1' was lost: worker\(s\) \[\d+\]"):
+        sess.run(batch | {"lr": 0.01})
+    with pytest.raises(EngineError, match="resident tensor 'w1' was lost"):
+        sess.state()
+    fresh = prog.session(params | step.init_state())  # a new session from a checkpoint works
+    out = fresh.run(batch | {"lr": 0.01}, fetch=["loss"])
+    want = es.compile(g, engine="reference").run(params | step.init_state() | batch | {"lr": 0.01})
+    np.testing.assert_allclose(out["loss"], want["loss"], rtol=1e-5)
