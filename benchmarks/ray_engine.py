@@ -235,6 +235,9 @@ def main() -> None:
     _per_mb(args.workers, args.repeats)
     chain(args.size, args.workers, client, args.repeats)
     mlp(args.batch, [int(w) for w in args.widths.split(",")], args.workers, client, args.repeats)
+    if client is not None:
+        client.close()
+        cluster.close()
 
 
 if __name__ == "__main__":

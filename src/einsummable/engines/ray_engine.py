@@ -189,6 +189,8 @@ class _Worker:
     """A planned worker: holds its parts of programs, its resident blocks and its mailbox."""
 
     def __init__(self) -> None:
+        # one BLAS thread per worker, set once: this process is the worker's own
+        self._blas = threadpool_limits(1, user_api="blas")
         self.mailbox = _Mailbox()
         self.parts: dict[str, _Part] = {}
         self.peers: dict[str, list] = {}
@@ -233,10 +235,9 @@ class _Worker:
             ctx.feeds = {name: Blocks(shape, dtype, {box: self._piece(ctx, source) for box, source in pieces})
                          for name, (shape, dtype, pieces) in feeds.items()}
             keep = {part.index[t] for t in fetch} | {part.index[t] for t, _ in carry}
-            with threadpool_limits(1, user_api="blas"):
-                values = scheduler.run(part.inputs, lambda i, args: part.steps[i](args, ctx),
-                                       location=part.location, workers=2, keep=keep, rank=part.rank,
-                                       describe=lambda i: part.describe[i])
+            values = scheduler.run(part.inputs, lambda i, args: part.steps[i](args, ctx),
+                                   location=part.location, workers=2, keep=keep, rank=part.rank,
+                                   describe=lambda i: part.describe[i])
         except (EngineError, _Aborted, TimeoutError, KeyError) as err:
             cause = err.__cause__ if isinstance(err, EngineError) else err
             kind = "aborted" if isinstance(cause, _Aborted) else "error"
@@ -351,9 +352,8 @@ class RayProgram:
         if not self.lost:
             return
         cores = self.tg.cores
-        job = ray.get_runtime_context().get_job_id()
         for w in sorted(self.lost):
-            slot = (job, self.nodes[w // cores], w % cores)
+            slot = self._slot(w)
             if self.actors[w] is not None and _ACTORS.get(slot) is self.actors[w]:  # dead or stuck: replace
                 ray.kill(_ACTORS.pop(slot), no_restart=True)
             if slot not in _ACTORS:
@@ -371,6 +371,9 @@ class RayProgram:
                               f"within {START_TIMEOUT:.0f} s: {err}") from err
         self.lost.clear()
 
+    def _slot(self, w: int) -> tuple[str, str, int]:
+        return ray.get_runtime_context().get_job_id(), self.nodes[w // self.tg.cores], w % self.tg.cores
+
     def check_resident(self, blocks: RayBlocks) -> None:
         """Resident state on a worker that died (and was restarted) is lost: say so."""
         gone = sorted({w for w, gen, _ in blocks.where.values()
@@ -382,6 +385,8 @@ class RayProgram:
     def run(self, feeds: dict[str, object], variables: dict[str, float] | None = None,
             carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
         """Run once on the actors; outputs in ``carry`` stay there as ``RayBlocks``."""
+        # an actor another program found dead and replaced is lost to this one too
+        self.lost |= {w for w in range(self.tg.workers) if _ACTORS.get(self._slot(w)) is not self.actors[w]}
         resident = [v for v in feeds.values() if isinstance(v, RayBlocks) and v.program is self]
         for blocks in resident:
             self.check_resident(blocks)
@@ -481,7 +486,7 @@ class RayProgram:
             more = f" and {len(mine) - 6} more" if len(mine) > 6 else ""
             node = self.nodes[w // self.tg.cores][:8]
             lines.append(f"worker {w} (Ray actor on node {node}) died during the run; its {len(mine)} "
-                         f"task(s) did not finish: {shown}{more} [{type(err).__name__}]")
+                         f"task(s) and their blocks are lost: {shown}{more} [{type(err).__name__}]")
         lines += [f"worker {w} did not finish within {self.timeout:.0f} s" for w in hung]
         lines += [f"worker {w}: {msg}" for w, (status, msg) in sorted(results.items()) if status == "error"]
         lines.append("the run was abandoned and nothing it computed was kept; "
