@@ -33,6 +33,9 @@ DEMO_MODEL = PRESETS["demo"]
 DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=400, lr=3e-3, min_lr=3e-4, warmup=30)
 
 
+COMPARE_UP_TO = 512  # placing all four baselines for 2048 workers takes minutes
+
+
 def corpus() -> np.ndarray:
     text = resources.files("einsummable").joinpath("data/corpus.txt").read_bytes()
     return np.frombuffer(text, dtype=np.uint8)
@@ -166,9 +169,11 @@ def cmd_plan(args: argparse.Namespace) -> None:
     n_params = sum(math.prod(s) for s in cfg.parameter_shapes().values())
     print(f"{args.model}: {n_params / 1e6:,.1f}M parameters, {args.mode} at batch {args.batch} x "
           f"seq {args.seq}, {len(g.ir)} graph nodes, on {args.machines} x {args.cores} workers")
+    compare = args.compare == "yes" or (args.compare == "auto" and cluster.workers <= COMPARE_UP_TO)
     start = time.perf_counter()
-    plan = make_plan(g.ir, cluster, args.planner)
-    print(f"planned in {time.perf_counter() - start:.1f} s")
+    plan = make_plan(g.ir, cluster, args.planner, compare=compare)
+    print(f"planned in {time.perf_counter() - start:.1f} s"
+          + ("" if compare else " (baselines not planned: add --compare yes to see them side by side)"))
     print(plan if args.full else report.brief(plan))
 
 
@@ -223,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--mode", choices=["train", "infer"], default="train")
     plan.add_argument("--planner", default="eindecomp")
     plan.add_argument("--full", action="store_true", help="one line per node, not just the summary")
+    plan.add_argument("--compare", choices=["auto", "yes", "no"], default="auto",
+                      help=f"also plan every baseline (auto: up to {COMPARE_UP_TO} workers)")
     plan.set_defaults(fn=cmd_plan)
 
     cal = sub.add_parser("calibrate", help="measure this machine's rates and write a cluster JSON file")
