@@ -33,7 +33,7 @@ def report_rate(title: str, times: dict[str, float], tokens: int) -> None:
     report(f"{title}: time for {tokens} tokens", times)
     ours = tokens / times["einsummable"]
     for name, t in times.items():
-        ratio = "" if name == "einsummable" else f"   einsummable/{name} = {ours * t / tokens:5.2f}"
+        ratio = "" if name == "einsummable" else f"   einsummable/{name} = {ours / (tokens / t):5.2f}"
         print(f"  {name:<28} {tokens / t:9.1f} tokens/s{ratio}")
 
 
