@@ -103,7 +103,7 @@ def prepare(op: Einsummable) -> Kernel:
     """
     dtype = to_numpy(op.dtype)
     match = equality_gather(op)
-    if op.is_contraction():
+    if op.is_contraction() and _inner_size(op) > TINY_INNER:
         def body(arrays, variables):
             return _contract(op, arrays)
     elif match is not None:
@@ -143,6 +143,18 @@ def fast_einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict |
         return result
     np.copyto(out, result, casting="unsafe")
     return out
+
+
+TINY_INNER = 8  # below this contracted size a GEMM per tiny matrix loses to multiply-and-sum
+
+
+def _inner_size(op: Einsummable) -> int:
+    """The size of what a contraction sums over (RoPE's 2x2 rotation sums over 2)."""
+    (ia, ib) = op.inputs
+    n = 1
+    for i in set(ia) & set(ib) - set(range(op.out_rank)):
+        n *= op.join_shape[i]
+    return n
 
 
 def _contract(op: Einsummable, arrays: Sequence[np.ndarray]) -> np.ndarray:

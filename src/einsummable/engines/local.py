@@ -17,7 +17,7 @@ import sys
 import time
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from einsummable.engines import kernels, scheduler
 from einsummable.engines.blocks import Blocks
@@ -34,6 +34,14 @@ from einsummable.lower.taskgraph import (
 from einsummable.progress import Progress
 
 SHOW_PROGRESS_AFTER = 2.0  # seconds
+_BLAS: ThreadpoolController | None = None  # found once: a rescan of the loaded libraries costs ~1 ms
+
+
+def _blas() -> ThreadpoolController:
+    global _BLAS
+    if _BLAS is None:
+        _BLAS = ThreadpoolController()
+    return _BLAS
 
 
 def _slices(box) -> tuple[slice, ...]:
@@ -176,7 +184,7 @@ class LocalProgram:
         variables = variables or {}
         tasks, steps = self.tg.tasks, self.steps
         ticker = _Ticker(len(tasks))
-        with threadpool_limits(1, user_api="blas"):
+        with _blas().limit(limits=1, user_api="blas"):
             try:
                 values = scheduler.run(
                     self.inputs, lambda i, args: steps[i](args, feeds, variables), location=self.location,
