@@ -6,6 +6,7 @@ burst of noise on this shared machine hits all of them rather than one.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -36,3 +37,15 @@ def report(title: str, times: dict[str, float], base: str = "einsummable") -> No
     for name, t in times.items():
         ratio = "" if name == base else f"   einsummable/{name} = {ours / t:5.2f}"
         print(f"  {name:<28} {t * 1e3:9.1f} ms{ratio}")
+
+
+def add_llama_arguments(parser: argparse.ArgumentParser, layers: int) -> None:
+    """The model and batch flags both Llama benchmarks take."""
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=layers)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=4)
+    parser.add_argument("--intermediate", type=int, default=1376)
+    parser.add_argument("--vocab", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=256)

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from common import median_time, report
+from common import add_llama_arguments, median_time, report
 from einsummable.generate import Generator
 from einsummable.train.trainer import TrainConfig, Trainer, batch_at, lr_at
 from llama_block import hf_model, torch_loss
@@ -105,14 +105,7 @@ def training(model, cfg, params, args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a 2-layer hidden-256 model and short runs")
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--intermediate", type=int, default=1376)
-    parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
+    add_llama_arguments(parser, layers=8)
     parser.add_argument("--steps", type=int, default=3, help="timed training steps, after one warm-up")
     parser.add_argument("--gen-batch", type=int, default=1)
     parser.add_argument("--prompt", type=int, default=16)

@@ -16,7 +16,7 @@ import time
 import numpy as np
 
 import einsummable as es
-from common import median_time, report
+from common import add_llama_arguments, median_time, report
 from einsummable.models import llama, weights
 
 
@@ -102,14 +102,7 @@ def programs(cfg: llama.LlamaConfig, batch: int, seq: int, workers: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--intermediate", type=int, default=1376)
-    parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=256)
+    add_llama_arguments(parser, layers=1)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
