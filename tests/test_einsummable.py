@@ -150,3 +150,13 @@ def test_equality_gather_kernel_matches_the_reference(op, seed):
     arrays = [a + rng.standard_normal(a.shape) * (k == 2) for k, a in enumerate(arrays)]
     expected = kernels.einsum(op, arrays)
     np.testing.assert_allclose(kernels.fast_einsum(op, arrays), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_reference_kernel_bounds_its_join_space(monkeypatch):
+    monkeypatch.setattr(kernels, "JOIN_LIMIT", 64)
+    rng = np.random.default_rng(4)
+    ids = rng.integers(0, 30, (6, 5)).astype(np.float64)
+    table = rng.standard_normal((30, 4))
+    op = Einsummable.from_spec("bs,v,vd->bsd", [(6, 5), (30,), (30, 4)], join="where(x0 == x1, x2, 0)",
+                               agg="add", dtypes=("f64",) * 3)
+    np.testing.assert_array_equal(kernels.einsum(op, [ids, np.arange(30.0), table]), table[ids.astype(int)])

@@ -7,6 +7,7 @@ its compiled join over broadcast views followed by a ufunc reduction.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -37,6 +38,8 @@ def einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None
         result = np.einsum(f"{subs}->{out}", *arrays, optimize=len(arrays) > 1)
         result = np.broadcast_to(result, op.out_shape)
         return np.array(result, dtype=to_numpy(op.dtype), copy=True)
+    if math.prod(op.join_shape) > JOIN_LIMIT and op.out_rank and op.join_shape[0] > 1:
+        return _in_slabs(op, arrays, variables)
     views = [_align(a, idx, op.rank) for a, idx in zip(arrays, op.inputs, strict=True)]
     fn = compiled(op.join, op.dtypes)
     joined = fn(*views, variables=variables)
@@ -44,6 +47,22 @@ def einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None
         joined = REDUCE[op.agg].reduce(joined, axis=op.aggregated)
     joined = np.broadcast_to(joined, op.out_shape)
     return np.array(joined, dtype=to_numpy(op.dtype), copy=True)
+
+
+JOIN_LIMIT = 1 << 24  # join-space elements the reference materialises at once
+
+
+def _in_slabs(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None) -> np.ndarray:
+    """The same op, slab by slab along its first output index, so memory stays bounded."""
+    n = op.join_shape[0]
+    step = max(1, n * JOIN_LIMIT // math.prod(op.join_shape))
+    parts = []
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        sliced = [a[tuple(slice(lo, hi) if i == 0 else slice(None) for i in idx)]
+                  for a, idx in zip(arrays, op.inputs, strict=True)]
+        parts.append(einsum(op.block((hi - lo, *op.join_shape[1:])), sliced, variables))
+    return np.concatenate(parts, axis=0)
 
 
 def _upcast(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
