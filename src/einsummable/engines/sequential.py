@@ -78,13 +78,7 @@ EXEC = {
 def run(tg: TaskGraph, feeds: dict[str, np.ndarray], variables: dict[str, float] | None = None
         ) -> dict[str, np.ndarray]:
     """Execute every task in order and assemble the outputs from their blocks."""
-    remaining = [0] * len(tg.tasks)
-    for task in tg.tasks:
-        for i in task.inputs:
-            remaining[i] += 1
-    for out in tg.outputs.values():
-        for t, _ in out.blocks:
-            remaining[t] += 1
+    remaining = tg.readers()
     values: dict[int, np.ndarray] = {}
     for t, task in enumerate(tg.tasks):
         args = [values[i] for i in task.inputs]

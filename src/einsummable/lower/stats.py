@@ -86,13 +86,7 @@ def live_bytes(tg: TaskGraph) -> int:
     """The largest set of blocks alive at once when the tasks run in order, each freed
     after its last reader. Input blocks and moves are views of memory held elsewhere
     (the feeds, another block), so they count nothing; output blocks live to the end."""
-    readers = [0] * len(tg.tasks)
-    for task in tg.tasks:
-        for i in task.inputs:
-            readers[i] += 1
-    for out in tg.outputs.values():
-        for t, _ in out.blocks:
-            readers[t] += 1
+    readers = tg.readers()
     size = [0 if isinstance(t, InputTask | MoveTask) else math.prod(t.shape) * itemsize(t.dtype)
             for t in tg.tasks]
     live = peak = 0

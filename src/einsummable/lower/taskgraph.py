@@ -155,6 +155,18 @@ class TaskGraph:
     def machine_of(self, loc: int) -> int:
         return loc // self.cores
 
+    def readers(self) -> list[int]:
+        """How many tasks, and output blocks, read each task: when the count falls to
+        zero its block can be freed."""
+        count = [0] * len(self.tasks)
+        for task in self.tasks:
+            for i in task.inputs:
+                count[i] += 1
+        for out in self.outputs.values():
+            for t, _ in out.blocks:
+                count[t] += 1
+        return count
+
     def users(self) -> list[list[int]]:
         out: list[list[int]] = [[] for _ in self.tasks]
         for t, task in enumerate(self.tasks):
