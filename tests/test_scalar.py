@@ -252,3 +252,11 @@ def test_fold_constants_keeps_inputs_and_value(e):
     assert inputs_used(folded) == inputs_used(e)
     xs = inputs(3)
     np.testing.assert_allclose(evaluate(folded, xs), evaluate(e, xs), rtol=1e-9, atol=1e-12)
+
+
+def test_stop_gradient_passes_the_value_and_stops_the_derivative():
+    e = scalar.parse("x0 * stop_gradient(x0) + stop_gradient(x1)")
+    xs = inputs(3)
+    np.testing.assert_allclose(evaluate(e, xs), xs[0] ** 2 + xs[1])
+    np.testing.assert_allclose(evaluate(scalar.derivative(e, 0), xs), xs[0])
+    assert scalar.derivative(e, 1) == Const(0.0)

@@ -7,6 +7,7 @@ its compiled join over broadcast views followed by a ufunc reduction.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -134,6 +135,8 @@ def prepare(op: Einsummable) -> Kernel:
         def body(arrays, variables):
             view = _align(arrays[0], op.inputs[0], op.rank)
             return reduce(view, axis=op.aggregated) if reduce else view
+    elif op.agg and _aggregated_size(op) <= TINY_INNER:
+        body = _small_reduce(op)
     else:
         fn = compiled(op.join, op.dtypes)
         reduce = REDUCE[op.agg].reduce if op.agg else None
@@ -165,6 +168,34 @@ def fast_einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict |
 
 
 TINY_INNER = 8  # below this contracted size a GEMM per tiny matrix loses to multiply-and-sum
+
+
+def _aggregated_size(op: Einsummable) -> int:
+    return math.prod(op.join_shape[op.out_rank :])
+
+
+def _small_reduce(op: Einsummable) -> Callable[[Sequence[np.ndarray], dict | None], np.ndarray]:
+    """A reduction over a handful of values (RoPE's 2x2 rotation sums over 2): one join per
+    aggregated position, folded into the output, so the join space is never formed and
+    no ufunc reduces along a short strided axis."""
+    fn, combine = compiled(op.join, op.dtypes), REDUCE[op.agg]
+    positions = list(itertools.product(*(range(n) for n in op.join_shape[op.out_rank :])))
+    keep = (slice(None),) * op.out_rank
+
+    def body(arrays, variables):
+        views = [_align(a, idx, op.rank) for a, idx in zip(arrays, op.inputs, strict=True)]
+        out = None
+        for at in positions:
+            term = fn(*(v[keep + _at(at, v.shape[op.out_rank :])] for v in views), variables=variables)
+            out = term if out is None else combine(out, term, out=out)  # every term has one shape
+        return out
+
+    return body
+
+
+def _at(position: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The index of ``position`` in a view that may broadcast (size 1) along some axes."""
+    return tuple(k if n > 1 else 0 for k, n in zip(position, sizes, strict=True))
 
 
 def _inner_size(op: Einsummable) -> int:

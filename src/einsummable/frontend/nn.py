@@ -2,7 +2,9 @@
 
 No helper adds a node kind: a fused softmax is a max, an ``exp(x0 - x1)`` summed
 over the axis, and one elementwise join. That is what the planner decomposes and
-autodiff differentiates.
+autodiff differentiates. The max only shifts the exponent for stability and the
+result does not depend on it, so its gradient is stopped: the backward pass never
+differentiates through the max.
 """
 
 from __future__ import annotations
@@ -50,23 +52,23 @@ def silu(x: Tensor) -> Tensor:
 def _max_and_sum_exp(x: Tensor, axis: int) -> tuple[Tensor, Tensor, str, str]:
     full, red, _ = _specs(x, axis)
     m = x.max(axis)
-    s = einsum(f"{full},{red}->{red}", x, m, join="exp(x0 - x1)", agg="add")
+    s = einsum(f"{full},{red}->{red}", x, m, join="exp(x0 - stop_gradient(x1))", agg="add")
     return m, s, full, red
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
     m, s, full, red = _max_and_sum_exp(x, axis)
-    return einsum(f"{full},{red},{red}->{full}", x, m, s, join="exp(x0 - x1) / x2")
+    return einsum(f"{full},{red},{red}->{full}", x, m, s, join="exp(x0 - stop_gradient(x1)) / x2")
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     m, s, full, red = _max_and_sum_exp(x, axis)
-    return einsum(f"{full},{red},{red}->{full}", x, m, s, join="x0 - x1 - log(x2)")
+    return einsum(f"{full},{red},{red}->{full}", x, m, s, join="x0 - stop_gradient(x1) - log(x2)")
 
 
 def logsumexp(x: Tensor, axis: int = -1) -> Tensor:
     m, s, _, red = _max_and_sum_exp(x, axis)
-    return einsum(f"{red},{red}->{red}", m, s, join="x0 + log(x1)")
+    return einsum(f"{red},{red}->{red}", m, s, join="stop_gradient(x0) + log(x1)")
 
 
 def rmsnorm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:

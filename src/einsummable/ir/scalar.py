@@ -458,6 +458,8 @@ class Compiled:
             ref = ("const", e.value)
         elif isinstance(e, Var):
             ref = ("var", e.name)
+        elif is_call(e, "stop_gradient"):
+            ref = self._lower(e.args[0], memo)  # a value identity: no pass over the data
         else:
             args = tuple(self._lower(k, memo) for k in children(e))
             dtype = dtype_of(e, self.input_dtypes) or self.dtype

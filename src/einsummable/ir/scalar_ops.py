@@ -152,6 +152,10 @@ def _imag(out: np.ndarray, a: np.ndarray) -> None:
     np.copyto(out, np.imag(a))
 
 
+def _copy(out: np.ndarray, a: np.ndarray) -> None:
+    np.copyto(out, a)
+
+
 def _pow_kernel(out: np.ndarray, a: np.ndarray, c: float) -> None:
     if c == 2:
         np.multiply(a, a, out=out)
@@ -247,6 +251,8 @@ _ops = [
     OpRule("eq", 2, _ufunc(np.equal), _compare, None, infix="==", precedence=1),
     OpRule("ne", 2, _ufunc(np.not_equal), _compare, None, infix="!=", precedence=1),
     OpRule("where", 3, _where_kernel, _where, None, inplace=False),
+    # The value passes through; the gradient stops (softmax's max: it shifts, never scales).
+    OpRule("stop_gradient", 1, _copy, _unify, lambda a: (ZERO,)),
     OpRule("conj", 1, _ufunc(np.conjugate), _unify, None),
     OpRule("real", 1, _real, _to_real, None),
     OpRule("imag", 1, _imag, _to_real, None),
