@@ -221,22 +221,50 @@ def _contract(op: Einsummable, arrays: Sequence[np.ndarray]) -> np.ndarray:
         # (B A) rather than (A B) lands the GEMM's rows and columns in output order
         a, ia, sa, b, ib, sb, left, right = b, ib, sb, a, ia, sa, right, left
     inner = [i for i in ia if i in sb and i not in out]
+    if not _sorted(batch + left + right):
+        # the result is transposed anyway: take rows and columns in their operands' memory order
+        left, right = [i for i in ia if i in left], [i for i in ib if i in right]
     size = op.join_shape
-    a3 = a.transpose([ia.index(i) for i in batch + left + inner]).reshape(
-        _prod(size, batch), _prod(size, left), _prod(size, inner)
-    )
-    b3 = b.transpose([ib.index(i) for i in batch + inner + right]).reshape(
-        _prod(size, batch), _prod(size, inner), _prod(size, right)
-    )
-    c = np.matmul(a3, b3)
+    c = np.matmul(_matrices(a, ia, batch, left, inner, size), _matrices(b, ib, batch, inner, right, size))
     order = batch + left + right
     c = c.reshape([size[i] for i in order])
     present = [i for i in range(op.out_rank) if i in order]
     perm = [order.index(i) for i in present]
-    if perm != sorted(perm):
+    if not _sorted(perm):
         c = np.ascontiguousarray(c.transpose(perm))  # elementwise kernels downstream read it row-major
     shape = [size[i] if i in order else 1 for i in range(op.out_rank)]
     return c.reshape(shape)
+
+
+def _sorted(xs: list[int]) -> bool:
+    return all(x < y for x, y in itertools.pairwise(xs))
+
+
+def _matrices(x: np.ndarray, idx: tuple[int, ...], batch: list[int], rows: list[int], cols: list[int],
+              size: tuple[int, ...]) -> np.ndarray:
+    """``x`` as a stack of rows x cols matrices, [*batch, R, C], for ``np.matmul``.
+
+    A view where the layout allows: batch axes keep any strides, and BLAS reads a
+    matrix stored either way round, so only an operand whose rows or columns are
+    split apart in memory is copied.
+    """
+    lead, perm = [size[i] for i in batch], [idx.index(i) for i in batch + rows + cols]
+    shape = (*lead, _prod(size, rows), _prod(size, cols))
+    try:
+        view = np.reshape(x.transpose(perm), shape, copy=False)
+        if _blas_ready(view):
+            return view
+    except ValueError:
+        pass
+    return np.ascontiguousarray(x.transpose(perm)).reshape(shape)
+
+
+def _blas_ready(m: np.ndarray) -> bool:
+    """Whether numpy's matmul hands these matrices to BLAS as they are (one unit-stride axis)."""
+    item = m.itemsize
+    (rs, cs), (r, c) = m.strides[-2:], m.shape[-2:]
+    row_major = cs == item and rs % item == 0 and rs >= c * item
+    return row_major or (rs == item and cs % item == 0 and cs >= r * item)
 
 
 def _presum(a: np.ndarray, idx: tuple[int, ...], needed: set[int]) -> tuple[np.ndarray, tuple[int, ...]]:

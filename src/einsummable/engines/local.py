@@ -13,6 +13,7 @@ place; a move inside the process is a view, not a copy. Feeds are never written.
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import time
 
@@ -41,7 +42,24 @@ def _blas() -> ThreadpoolController:
     global _BLAS
     if _BLAS is None:
         _BLAS = ThreadpoolController()
+        _keep_freed_memory()
     return _BLAS
+
+
+def _keep_freed_memory() -> None:
+    """Ask glibc to keep freed blocks for reuse rather than hand them back to the OS.
+
+    Blocks of a few MB are freed and reallocated thousands of times a run; returned
+    to the OS, each reuse page-faults afresh (measured: ~45k faults and ~0.25 s of
+    system time per Llama training step). Elsewhere than glibc this does nothing.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-1, 1 << 30)   # M_TRIM_THRESHOLD: keep up to 1 GiB free at the top of the heap
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD: blocks up to 32 MiB come from the reusable heap
+        libc.mallopt(-8, 1)         # M_ARENA_MAX: one heap; a worker's own arena is trimmed regardless
+    except (OSError, AttributeError):
+        pass
 
 
 def _slices(box) -> tuple[slice, ...]:
