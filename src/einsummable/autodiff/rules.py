@@ -39,6 +39,7 @@ from einsummable.ir.expr import (
     call,
     children,
     inputs_used,
+    replace,
     substitute,
 )
 from einsummable.ir.graph import (
@@ -183,7 +184,7 @@ def _by_sum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:
     node = fw.nodes[nid]
     op = node.op
     n = len(op.inputs)
-    operands = [*_forward_operands(fw, node), (g, _out(op))]
+    operands = [*_forward_operands(fw, node), (g, _out(op)), (fw.tensor(nid), _out(op))]
     gexpr = _cot_expr(g, n)
     grads: list[Cot | None] = []
     for i in range(n):
@@ -191,6 +192,10 @@ def _by_sum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:
         if not wants[i] or d == ZERO:
             grads.append(None)
             continue
+        if op.agg is None:
+            # d exp(u) = exp(u) du: where the join itself reappears, read the forward's output
+            # instead of computing it again.
+            d = replace(replace(d, op.join, Input(n + 1)), scalar.simplify(op.join), Input(n + 1))
         expr = scalar.simplify(call("mul", gexpr, _conj(d, op)))
         grads.append(_contract(fw, op, expr, operands, op.inputs[i], op.dtypes[i]))
     return tuple(grads)

@@ -57,8 +57,9 @@ def _max_and_sum_exp(x: Tensor, axis: int) -> tuple[Tensor, Tensor, str, str]:
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    m, s, full, red = _max_and_sum_exp(x, axis)
-    return einsum(f"{full},{red},{red}->{full}", x, m, s, join="exp(x0 - stop_gradient(x1)) / x2")
+    """``exp(x - logsumexp(x))``: its gradient reads the output back instead of recomputing it."""
+    full, red, _ = _specs(x, axis)
+    return einsum(f"{full},{red}->{full}", x, logsumexp(x, axis), join="exp(x0 - x1)")
 
 
 def log_softmax(x: Tensor, axis: int = -1) -> Tensor:

@@ -100,6 +100,14 @@ def substitute(e: Expr, mapping: dict[int, Expr]) -> Expr:
     return rebuild(e, tuple(substitute(c, mapping) for c in kids)) if kids else e
 
 
+def replace(e: Expr, old: Expr, new: Expr) -> Expr:
+    """Replace every occurrence of the subexpression ``old``."""
+    if e == old:
+        return new
+    kids = children(e)
+    return rebuild(e, tuple(replace(c, old, new) for c in kids)) if kids else e
+
+
 def call(op: str, *args: Expr) -> Call:
     return Call(op, tuple(args))
 
