@@ -1,7 +1,11 @@
 """The engines' fast kernels against numpy, on the shapes that pick each path."""
 
+import random
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from einsummable.engines import kernels
 from einsummable.ir.einsummable import Einsummable
@@ -30,3 +34,37 @@ def test_a_short_reduction_of_a_join_matches_numpy(agg):
     want = {"add": np.sum, "max": np.max, "min": np.min, "mul": np.prod}[agg](joined, axis=(0, 2))
     got = _run("abc,cd->bd", [x, y], join="exp(x0 - x1)", agg=agg)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@given(st.integers(0, 2**32 - 1))
+def test_contractions_in_any_layout_match_numpy(seed):
+    """Batch, row, column and summed indices in random memory orders: views or copies, never wrong."""
+    rng = random.Random(seed)
+    letters = "abcdefg"[: rng.randint(2, 7)]
+    roles = {ch: rng.choice(["batch", "left", "right", "inner"]) for ch in letters}
+    a = [ch for ch in letters if roles[ch] in ("batch", "left", "inner")]
+    b = [ch for ch in letters if roles[ch] in ("batch", "right", "inner")]
+    out = [ch for ch in letters if roles[ch] != "inner"]
+    for term in (a, b, out):
+        rng.shuffle(term)
+    if not a or not b:
+        return
+    spec = f"{''.join(a)},{''.join(b)}->{''.join(out)}"
+    sizes = {ch: rng.choice([1, 2, 3, 5, 16]) for ch in letters}
+    nrng = np.random.default_rng(seed)
+    xs = [nrng.standard_normal([sizes[ch] for ch in term], dtype=np.float32) for term in (a, b)]
+    if rng.random() < 0.5:  # an operand that is itself a transposed view
+        xs[0] = np.ascontiguousarray(xs[0].T).T
+    agg = "add" if "inner" in roles.values() else None
+    np.testing.assert_allclose(_run(spec, xs, agg=agg), np.einsum(spec, *xs), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("agg", ["add", "max"])
+def test_a_reduction_over_leading_memory_axes_matches_numpy(agg):
+    """RMSNorm's weight gradient: [b, s, d] summed over b and s, walked in memory order."""
+    rng = np.random.default_rng(1)
+    x, r, g = (rng.standard_normal(s, dtype=np.float32) for s in [(4, 6, 5), (4, 6), (4, 6, 5)])
+    got = _run("bca,bc,bca->a", [x, np.abs(r), g], join="rsqrt(1e-06 + x1) * x0 * x2", agg=agg)
+    joined = x / np.sqrt(1e-6 + np.abs(r))[:, :, None] * g
+    want = joined.sum(axis=(0, 1)) if agg == "add" else joined.max(axis=(0, 1))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

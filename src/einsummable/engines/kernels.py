@@ -140,11 +140,15 @@ def prepare(op: Einsummable) -> Kernel:
     else:
         fn = compiled(op.join, op.dtypes)
         reduce = REDUCE[op.agg].reduce if op.agg else None
+        order = _traversal(op)
+        summed = tuple(k for k, i in enumerate(order) if i >= op.out_rank)
+        back = tuple(np.argsort([i for i in order if i < op.out_rank]))
 
         def body(arrays, variables):
-            views = [_align(a, idx, op.rank) for a, idx in zip(arrays, op.inputs, strict=True)]
+            views = [_align(a, idx, op.rank).transpose(order)
+                     for a, idx in zip(arrays, op.inputs, strict=True)]
             result = fn(*views, variables=variables)
-            return reduce(result, axis=op.aggregated) if reduce else result
+            return (reduce(result, axis=summed) if reduce else result).transpose(back)
 
     shape = op.out_shape
 
@@ -168,6 +172,19 @@ def fast_einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict |
 
 
 TINY_INNER = 8  # below this contracted size a GEMM per tiny matrix loses to multiply-and-sum
+
+
+def _traversal(op: Einsummable) -> tuple[int, ...]:
+    """The join axes in the order a reduction walks them: its largest operand's memory order.
+
+    RMSNorm's weight gradient sums [b, s, d] over b and s into [d]; walked in join
+    order (d first) every step strides through memory, walked as stored it streams.
+    Elementwise joins keep the output's order, which their consumers read row-major.
+    """
+    if op.agg is None or not op.inputs:
+        return tuple(range(op.rank))
+    biggest = max(op.inputs, key=lambda idx: math.prod(op.join_shape[i] for i in idx))
+    return (*biggest, *(i for i in range(op.rank) if i not in biggest))
 
 
 def _aggregated_size(op: Einsummable) -> int:
