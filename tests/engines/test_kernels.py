@@ -68,3 +68,28 @@ def test_a_reduction_over_leading_memory_axes_matches_numpy(agg):
     joined = x / np.sqrt(1e-6 + np.abs(r))[:, :, None] * g
     want = joined.sum(axis=(0, 1)) if agg == "add" else joined.max(axis=(0, 1))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("join,oracle", [
+    ("-(x0 * x1) / x2 ** 2", lambda a, b, c, lr: -(a * b).sum(-1) / c**2),
+    ("lr * x2 * x0 * x1", lambda a, b, c, lr: lr * c * (a * b).sum(-1)),
+    ("exp(x0 - x2) * x1 / (x2 + 3)", lambda a, b, c, lr: (np.exp(a - c[..., None]) * b).sum(-1) / (c + 3)),
+])
+def test_factors_constant_along_a_sum_come_out_of_it(join, oracle):
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((2, 3, 4, 7), dtype=np.float32)
+    c = rng.uniform(0.5, 2.0, (3, 4)).astype(np.float32)
+    op = Einsummable.from_spec("abc,abc,ab->ab", [a.shape, b.shape, c.shape], join, "add")
+    assert kernels._outer_factors(op) is not None
+    got = kernels.prepare(op)([a, b, c], {"lr": 0.3})
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, oracle(a, b, c, 0.3), rtol=1e-5, atol=1e-6)
+
+
+def test_a_constant_factor_comes_out_and_leaves_a_contraction():
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((2, 3, 4, 7), dtype=np.float32)
+    op = Einsummable.from_spec("abc,abc->ab", [a.shape, b.shape], "-(0.5 * lr * x0 * x1)", "add")
+    got = kernels.prepare(op)([a, b], {"lr": 2.0})
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, -(a * b).sum(-1), rtol=1e-5, atol=1e-6)

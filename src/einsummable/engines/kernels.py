@@ -16,7 +16,7 @@ import numpy as np
 from einsummable.ir import scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
-from einsummable.ir.expr import ZERO, Expr, Input
+from einsummable.ir.expr import ONE, ZERO, Const, Expr, Input, call, inputs_used, substitute
 from einsummable.ir.graph import Box, Constant, FillKind, Ramp, Tril
 from einsummable.ir.scalar_ops import is_call
 
@@ -135,6 +135,8 @@ def prepare(op: Einsummable) -> Kernel:
         def body(arrays, variables):
             view = _align(arrays[0], op.inputs[0], op.rank)
             return reduce(view, axis=op.aggregated) if reduce else view
+    elif (split := _outer_factors(op)) is not None:
+        body = _factored(op, *split)
     elif op.agg and _aggregated_size(op) <= TINY_INNER:
         body = _small_reduce(op)
     else:
@@ -172,6 +174,70 @@ def fast_einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict |
 
 
 TINY_INNER = 8  # below this contracted size a GEMM per tiny matrix loses to multiply-and-sum
+
+
+def _outer_factors(op: Einsummable) -> tuple[Expr, Expr] | None:
+    """Split a summed product into (factors constant along the sum, the rest).
+
+    ``sum_t -(g[t] * p[t]) / s**2`` is ``-1 / s**2`` times the contraction ``sum_t g[t] p[t]``:
+    the outer factors run once per output element, not once per summand, and what is
+    left is often a plain contraction for BLAS.
+    """
+    if op.agg != "add":
+        return None
+    factors: list[tuple[Expr, bool]] = []
+    _factor(op.join, False, factors)
+    outer = [(f, inv) for f, inv in factors
+             if all(max(op.inputs[k], default=-1) < op.out_rank for k in inputs_used(f))]
+    inner = [(f, inv) for f, inv in factors if (f, inv) not in outer]
+    if not outer or not inner:
+        return None
+    return _product(outer), _product(inner)
+
+
+def _factor(e: Expr, inverse: bool, out: list[tuple[Expr, bool]]) -> None:
+    if is_call(e, "mul"):
+        for a in e.args:
+            _factor(a, inverse, out)
+    elif is_call(e, "div"):
+        _factor(e.args[0], inverse, out)
+        _factor(e.args[1], not inverse, out)
+    elif is_call(e, "neg"):
+        out.append((Const(-1.0), False))
+        _factor(e.args[0], inverse, out)
+    else:
+        out.append((e, inverse))
+
+
+def _product(factors: list[tuple[Expr, bool]]) -> Expr:
+    def chain(es: list[Expr]) -> Expr:
+        return functools.reduce(lambda a, b: call("mul", a, b), es) if es else ONE
+
+    num, den = chain([f for f, inv in factors if not inv]), [f for f, inv in factors if inv]
+    return call("div", num, chain(den)) if den else num
+
+
+def _factored(op: Einsummable, outer: Expr, inner: Expr) -> Kernel:
+    """``outer * sum(inner)``, each an einsummable over the operands it reads."""
+    parts = []
+    for expr, shape, agg in ((inner, op.join_shape, "add"), (outer, op.out_shape, None)):
+        used = sorted(inputs_used(expr))
+        renumbered = substitute(expr, {k: Input(j) for j, k in enumerate(used)})
+        if used:
+            part = Einsummable(shape, tuple(op.inputs[k] for k in used), op.out_rank, renumbered, agg,
+                               tuple(op.dtypes[k] for k in used))
+            parts.append((prepare(part), used))
+        else:  # constants and run-time variables only
+            parts.append((compiled(renumbered, ()), used))
+    (summed, s_used), (scale, o_used) = parts
+
+    def body(arrays, variables):
+        total = summed([arrays[k] for k in s_used], variables)
+        if not o_used:
+            return total * scale(variables=variables).item()  # a Python number keeps total's dtype
+        return np.multiply(total, scale([arrays[k] for k in o_used], variables))
+
+    return body
 
 
 def _traversal(op: Einsummable) -> tuple[int, ...]:
