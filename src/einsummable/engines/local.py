@@ -2,7 +2,8 @@
 
 Inputs: a TaskGraph, checked feeds and run-time variables. It runs the shared
 dependency loop (``scheduler.run``) with each task pinned to its planned worker,
-BLAS limited to one thread per worker for the run, and the engines' fast kernels:
+BLAS given the cores the workers leave free (one thread each when there are as many
+workers as cores), and the engines' fast kernels:
 contractions as batched GEMM, joins compiled to ufunc sequences, embeddings as
 gathers. Blocks are freed after their last reader; partial sums accumulate in
 place; a move inside the process is a view, not a copy. Feeds are never written.
@@ -14,6 +15,7 @@ place; a move inside the process is a view, not a copy. Feeds are never written.
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 import time
 
@@ -202,7 +204,7 @@ class LocalProgram:
         variables = variables or {}
         tasks, steps = self.tg.tasks, self.steps
         ticker = _Ticker(len(tasks))
-        with _blas().limit(limits=1, user_api="blas"):
+        with _blas().limit(limits=max(1, (os.cpu_count() or 1) // self.tg.workers), user_api="blas"):
             try:
                 values = scheduler.run(
                     self.inputs, lambda i, args: steps[i](args, feeds, variables), location=self.location,
