@@ -25,6 +25,12 @@ def test_a_tiny_contraction_matches_numpy(c):
     np.testing.assert_allclose(got, np.einsum("bsje,sjce->bsjc", x, rot), rtol=1e-5, atol=1e-6)
 
 
+def test_an_empty_sum_is_zero():
+    a, b = np.ones((2, 0), np.float32), np.ones((0, 4), np.float32)
+    np.testing.assert_array_equal(_run("ij,jk->ik", [a, b], agg="add"), np.zeros((2, 4), np.float32))
+    np.testing.assert_array_equal(_run("ij,jk->ik", [a, b], join="exp(x0) * x1", agg="add"), np.zeros((2, 4)))
+
+
 @pytest.mark.parametrize("agg", ["add", "max", "min", "mul"])
 def test_a_short_reduction_of_a_join_matches_numpy(agg):
     rng = np.random.default_rng(0)

@@ -137,7 +137,7 @@ def prepare(op: Einsummable) -> Kernel:
             return reduce(view, axis=op.aggregated) if reduce else view
     elif (split := _outer_factors(op)) is not None:
         body = _factored(op, *split)
-    elif op.agg and _aggregated_size(op) <= TINY_INNER:
+    elif op.agg and 0 < _aggregated_size(op) <= TINY_INNER:  # (an empty sum is the generic path's)
         body = _small_reduce(op)
     else:
         fn = compiled(op.join, op.dtypes)
