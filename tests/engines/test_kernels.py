@@ -99,3 +99,22 @@ def test_a_constant_factor_comes_out_and_leaves_a_contraction():
     got = kernels.prepare(op)([a, b], {"lr": 2.0})
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, -(a * b).sum(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_a_sum_of_reciprocals_factors_once():
+    """1 / x must not split into 1 and 1 / x over and over."""
+    a, x = np.full(3, 2.0, np.float32), np.full((3, 4), 4.0, np.float32)
+    np.testing.assert_allclose(_run("i,it->i", [a, x], join="x0 / x1", agg="add"), np.full(3, 2.0))
+    np.testing.assert_allclose(_run("it->i", [x], join="1 / x0", agg="add"), np.ones(3))
+
+
+def test_a_constant_factor_keeps_double_precision():
+    x = np.random.default_rng(4).standard_normal((4, 10))
+    op = Einsummable.from_spec("ij->i", [x.shape], "lr * x0 * 0.1", "add", ["f64"])
+    got = kernels.prepare(op)([x], {"lr": 0.3})
+    np.testing.assert_allclose(got, 0.03 * x.sum(1), rtol=1e-14)
+
+
+def test_an_empty_sum_with_an_infinite_outer_factor_is_zero():
+    a, s = np.ones((3, 0), np.float32), np.zeros(3, np.float32)
+    np.testing.assert_array_equal(_run("it,i->i", [a, s], join="x0 / x1", agg="add"), np.zeros(3))

@@ -13,10 +13,23 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from einsummable.errors import ExprError
 from einsummable.ir import scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
-from einsummable.ir.expr import ONE, ZERO, Const, Expr, Input, call, inputs_used, substitute
+from einsummable.ir.expr import (
+    ONE,
+    ZERO,
+    Const,
+    Expr,
+    Input,
+    Var,
+    call,
+    children,
+    inputs_used,
+    rebuild,
+    substitute,
+)
 from einsummable.ir.graph import Box, Constant, FillKind, Ramp, Tril
 from einsummable.ir.scalar_ops import is_call
 
@@ -135,7 +148,7 @@ def prepare(op: Einsummable) -> Kernel:
         def body(arrays, variables):
             view = _align(arrays[0], op.inputs[0], op.rank)
             return reduce(view, axis=op.aggregated) if reduce else view
-    elif (split := _outer_factors(op)) is not None:
+    elif _aggregated_size(op) > 0 and (split := _outer_factors(op)) is not None:
         body = _factored(op, *split)
     elif op.agg and 0 < _aggregated_size(op) <= TINY_INNER:  # (an empty sum is the generic path's)
         body = _small_reduce(op)
@@ -205,7 +218,7 @@ def _factor(e: Expr, inverse: bool, out: list[tuple[Expr, bool]]) -> None:
     elif is_call(e, "neg"):
         out.append((Const(-1.0), False))
         _factor(e.args[0], inverse, out)
-    else:
+    elif e != ONE:  # a bare 1 is no factor: 1 / x must not split into 1 and 1 / x again
         out.append((e, inverse))
 
 
@@ -228,16 +241,31 @@ def _factored(op: Einsummable, outer: Expr, inner: Expr) -> Kernel:
                                tuple(op.dtypes[k] for k in used))
             parts.append((prepare(part), used))
         else:  # constants and run-time variables only
-            parts.append((compiled(renumbered, ()), used))
+            parts.append((renumbered, used))
     (summed, s_used), (scale, o_used) = parts
 
     def body(arrays, variables):
         total = summed([arrays[k] for k in s_used], variables)
-        if not o_used:
-            return total * scale(variables=variables).item()  # a Python number keeps total's dtype
+        if not o_used:  # folded in double precision; a Python number keeps total's dtype
+            return total * _value(scale, variables)
         return np.multiply(total, scale([arrays[k] for k in o_used], variables))
 
     return body
+
+
+def _value(e: Expr, variables: dict | None) -> float | complex:
+    """An expression of constants and run-time variables, evaluated in double precision."""
+    def bind(x: Expr) -> Expr:
+        if isinstance(x, Var):
+            if not variables or x.name not in variables:
+                raise ExprError(f"run-time variable {x.name!r} was not given a value")
+            return Const(float(variables[x.name]))
+        kids = children(x)
+        return rebuild(x, tuple(bind(k) for k in kids)) if kids else x
+
+    folded = scalar.simplify(bind(e))
+    assert isinstance(folded, Const)
+    return folded.value
 
 
 def _traversal(op: Einsummable) -> tuple[int, ...]:
