@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -98,3 +99,19 @@ def test_softmax_makes_three_passes_over_its_input():
     g.output("y", es.nn.softmax(g.input("x", (4, 8))))
     ops = [n.op for n in g.ir.nodes if isinstance(n, EinsumNode)]
     assert sorted(op.join_shape for op in ops) == [(4,), (4, 8), (4, 8), (4, 8)]
+
+
+@pytest.mark.parametrize("centre", [0.0, 40.0, 100.0])
+def test_bf16_softmax_stays_close_to_the_exact_one(centre):
+    """logsumexp rounded to bf16 would scale whole rows (25% at a centre of 100)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((4, 64)) * 3 + centre).astype(ml_dtypes.bfloat16)
+    g = es.Graph()
+    g.output("y", es.nn.softmax(g.input("x", x.shape, "bf16")))
+    y = es.compile(g, engine="reference").run({"x": x})["y"].astype(np.float64)
+    e = np.exp(x.astype(np.float64) - x.astype(np.float64).max(-1, keepdims=True))
+    exact = e / e.sum(-1, keepdims=True)
+    assert np.max(np.abs(y - exact) / exact) < 0.08  # x - max itself rounds to bf16
+    np.testing.assert_allclose(y.sum(-1), 1.0, atol=0.03)

@@ -29,6 +29,9 @@ __all__ = [
 ]
 
 
+HALF = ("f16", "bf16")
+
+
 def _specs(x: Tensor, axis: int) -> tuple[str, str, str]:
     """Letters for x, for x without ``axis``, and for ``axis`` alone."""
     axis = _axes(axis, x.ndim)[0]
@@ -57,8 +60,15 @@ def _max_and_sum_exp(x: Tensor, axis: int) -> tuple[Tensor, Tensor, str, str]:
 
 
 def softmax(x: Tensor, axis: int = -1) -> Tensor:
-    """``exp(x - logsumexp(x))``: its gradient reads the output back instead of recomputing it."""
+    """``exp(x - logsumexp(x))``: its gradient reads the output back instead of recomputing it.
+
+    In half precision logsumexp rounds to a step of up to 0.5 near 100, which would
+    scale whole rows; there the exponential is divided by its sum instead.
+    """
     full, red, _ = _specs(x, axis)
+    if x.dtype in HALF:
+        m, s, full, red = _max_and_sum_exp(x, axis)
+        return einsum(f"{full},{red},{red}->{full}", x, m, s, join="exp(x0 - stop_gradient(x1)) / x2")
     return einsum(f"{full},{red}->{full}", x, logsumexp(x, axis), join="exp(x0 - x1)")
 
 
