@@ -2,8 +2,8 @@
 
 Inputs: a TaskGraph, checked feeds and run-time variables. It runs the shared
 dependency loop (``scheduler.run``) with each task pinned to its planned worker,
-BLAS given the cores the workers leave free (one thread each when there are as many
-workers as cores), and the engines' fast kernels:
+BLAS limited to one thread per worker (all the cores for a single worker, which
+runs inline), and the engines' fast kernels:
 contractions as batched GEMM, joins compiled to ufunc sequences, embeddings as
 gathers. Blocks are freed after their last reader; partial sums accumulate in
 place; a move inside the process is a view, not a copy. Feeds are never written.
@@ -62,6 +62,11 @@ def _keep_freed_memory() -> None:
         libc.mallopt(-8, 1)         # M_ARENA_MAX: one heap; a worker's own arena is trimmed regardless
     except (OSError, AttributeError):
         pass
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _slices(box) -> tuple[slice, ...]:
@@ -204,7 +209,8 @@ class LocalProgram:
         variables = variables or {}
         tasks, steps = self.tg.tasks, self.steps
         ticker = _Ticker(len(tasks))
-        with _blas().limit(limits=max(1, (os.cpu_count() or 1) // self.tg.workers), user_api="blas"):
+        # several workers asking OpenBLAS for threads at once would queue on its one pool
+        with _blas().limit(limits=_cores() if self.tg.workers == 1 else 1, user_api="blas"):
             try:
                 values = scheduler.run(
                     self.inputs, lambda i, args: steps[i](args, feeds, variables), location=self.location,
