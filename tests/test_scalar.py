@@ -260,3 +260,11 @@ def test_stop_gradient_passes_the_value_and_stops_the_derivative():
     np.testing.assert_allclose(evaluate(e, xs), xs[0] ** 2 + xs[1])
     np.testing.assert_allclose(evaluate(scalar.derivative(e, 0), xs), xs[0])
     assert scalar.derivative(e, 1) == Const(0.0)
+
+
+def test_constant_value_folds_in_double_precision_and_names_a_missing_variable():
+    assert scalar.constant_value(scalar.parse("-(lr * 0.1) / 3"), {"lr": 3.0}) == -(3.0 * 0.1) / 3
+    with pytest.raises(ExprError, match="'lr'"):
+        scalar.constant_value(scalar.parse("lr * 2"))
+    with pytest.raises(ExprError, match="reads an input"):
+        scalar.constant_value(scalar.parse("x0 * 2"))

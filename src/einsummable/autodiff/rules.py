@@ -186,16 +186,17 @@ def _by_sum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:
     n = len(op.inputs)
     operands = [*_forward_operands(fw, node), (g, _out(op)), (fw.tensor(nid), _out(op))]
     gexpr = _cot_expr(g, n)
+    # d exp(u) = exp(u) du: where the join itself reappears, read the forward's output
+    # instead of computing it again.
+    joins = (op.join, scalar.simplify(op.join)) if op.agg is None else ()
     grads: list[Cot | None] = []
     for i in range(n):
         d = _partial(op, i)
         if not wants[i] or d == ZERO:
             grads.append(None)
             continue
-        if op.agg is None:
-            # d exp(u) = exp(u) du: where the join itself reappears, read the forward's output
-            # instead of computing it again.
-            d = replace(replace(d, op.join, Input(n + 1)), scalar.simplify(op.join), Input(n + 1))
+        for join in joins:
+            d = replace(d, join, Input(n + 1))
         expr = scalar.simplify(call("mul", gexpr, _conj(d, op)))
         grads.append(_contract(fw, op, expr, operands, op.inputs[i], op.dtypes[i]))
     return tuple(grads)

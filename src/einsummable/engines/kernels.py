@@ -13,23 +13,10 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from einsummable.errors import ExprError
 from einsummable.ir import scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
-from einsummable.ir.expr import (
-    ONE,
-    ZERO,
-    Const,
-    Expr,
-    Input,
-    Var,
-    call,
-    children,
-    inputs_used,
-    rebuild,
-    substitute,
-)
+from einsummable.ir.expr import ONE, ZERO, Const, Expr, Input, call, inputs_used, substitute
 from einsummable.ir.graph import Box, Constant, FillKind, Ramp, Tril
 from einsummable.ir.scalar_ops import is_call
 
@@ -247,25 +234,10 @@ def _factored(op: Einsummable, outer: Expr, inner: Expr) -> Kernel:
     def body(arrays, variables):
         total = summed([arrays[k] for k in s_used], variables)
         if not o_used:  # folded in double precision; a Python number keeps total's dtype
-            return total * _value(scale, variables)
+            return total * scalar.constant_value(scale, variables)
         return np.multiply(total, scale([arrays[k] for k in o_used], variables))
 
     return body
-
-
-def _value(e: Expr, variables: dict | None) -> float | complex:
-    """An expression of constants and run-time variables, evaluated in double precision."""
-    def bind(x: Expr) -> Expr:
-        if isinstance(x, Var):
-            if not variables or x.name not in variables:
-                raise ExprError(f"run-time variable {x.name!r} was not given a value")
-            return Const(float(variables[x.name]))
-        kids = children(x)
-        return rebuild(x, tuple(bind(k) for k in kids)) if kids else x
-
-    folded = scalar.simplify(bind(e))
-    assert isinstance(folded, Const)
-    return folded.value
 
 
 def _traversal(op: Einsummable) -> tuple[int, ...]:
@@ -285,7 +257,7 @@ def _aggregated_size(op: Einsummable) -> int:
     return math.prod(op.join_shape[op.out_rank :])
 
 
-def _small_reduce(op: Einsummable) -> Callable[[Sequence[np.ndarray], dict | None], np.ndarray]:
+def _small_reduce(op: Einsummable) -> Kernel:
     """A reduction over a handful of values (RoPE's 2x2 rotation sums over 2): one join per
     aggregated position, folded into the output, so the join space is never formed and
     no ufunc reduces along a short strided axis."""

@@ -65,10 +65,10 @@ def softmax(x: Tensor, axis: int = -1) -> Tensor:
     In half precision logsumexp rounds to a step of up to 0.5 near 100, which would
     scale whole rows; there the exponential is divided by its sum instead.
     """
-    full, red, _ = _specs(x, axis)
     if x.dtype in HALF:
         m, s, full, red = _max_and_sum_exp(x, axis)
         return einsum(f"{full},{red},{red}->{full}", x, m, s, join="exp(x0 - stop_gradient(x1)) / x2")
+    full, red, _ = _specs(x, axis)
     return einsum(f"{full},{red}->{full}", x, logsumexp(x, axis), join="exp(x0 - x1)")
 
 

@@ -415,6 +415,20 @@ def scale_factor(e: Expr, variables: dict[str, float] | None = None) -> float:
     return _variable(other.name, variables)
 
 
+def constant_value(e: Expr, variables: dict[str, float] | None = None) -> float | complex:
+    """An expression of constants and run-time variables, evaluated in double precision."""
+    def bind(x: Expr) -> Expr:
+        if isinstance(x, Var):
+            return Const(_variable(x.name, variables))
+        kids = children(x)
+        return rebuild(x, tuple(bind(k) for k in kids)) if kids else x
+
+    folded = simplify(bind(e))
+    if not isinstance(folded, Const):
+        raise ExprError(f"{to_string(e)!r} reads an input; expected constants and run-time variables")
+    return folded.value
+
+
 def _variable(name: str, variables: dict[str, float] | None) -> float:
     if variables is None or name not in variables:
         raise ExprError(f"run-time variable {name!r} was not given a value")
