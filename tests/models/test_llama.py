@@ -30,12 +30,14 @@ def hf_model(tmp_path, name, seed=0):
     return model, path
 
 
-def logits_program(cfg, batch, seq, engine="reference", workers=None):
+def logits_program(cfg, batch, seq, engine="reference", workers=None, causal_blocks=False):
+    """Through an explicit causal mask, or (causal_blocks) with the masked blocks skipped."""
     g = es.Graph()
     p = llama.parameters(g, cfg)
     ids = g.input("ids", (batch, seq))
     pos = g.ramp((batch, seq), steps=(0.0, 1.0))
-    g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, seq)))
+    mask = None if causal_blocks else llama.causal_mask(g, seq)
+    g.output("logits", llama.forward(cfg, p, ids, pos, mask))
     return es.compile(g, workers=workers, engine=engine)
 
 
@@ -52,9 +54,35 @@ def test_logits_match_transformers(tmp_path, name, workers):
     np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("query_block", [4, 2])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_causal_blocks_match_transformers(tmp_path, monkeypatch, query_block, workers):
+    monkeypatch.setattr(llama, "QUERY_BLOCK", query_block)  # 9 queries: blocks of 4, 4, 1 or of 2s
+    model, path = hf_model(tmp_path, "gqa-untied")
+    cfg, params = weights.load(path)
+    tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 9))
+    prog = logits_program(cfg, 2, 9, engine="local", workers=workers, causal_blocks=True)
+    got = prog.run(params | {"ids": tokens.astype(np.float32)})["logits"]
+    with torch.no_grad():
+        ref = model(torch.tensor(tokens)).logits.numpy()
+    np.testing.assert_allclose(got, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_causal_decoder_without_a_mask_refuses_a_cache():
+    cfg = llama.PRESETS["tiny"]
+    g = es.Graph()
+    p = llama.parameters(g, cfg)
+    ids, pos = g.input("ids", (1, 1)), g.input("pos", (1, 1))
+    cache = [(g.input(f"k{i}", (1, 3, 1, 2, 8)), g.input(f"v{i}", (1, 3, 1, 16))) for i in range(1)]
+    with pytest.raises(es.GraphError, match="mask"):
+        llama.decoder(cfg, p, ids, pos, None, cache)
+
+
+@pytest.mark.parametrize("query_block", [llama.QUERY_BLOCK, 4, 2])  # 6 queries: 1, 2 or 3 blocks
 @pytest.mark.parametrize("engine,workers", [("reference", None), ("local", 3)])
 @pytest.mark.parametrize("name", ["gqa-untied", "mha-tied"])
-def test_loss_gradients_match_transformers(tmp_path, name, engine, workers):
+def test_loss_gradients_match_transformers(tmp_path, monkeypatch, name, engine, workers, query_block):
+    monkeypatch.setattr(llama, "QUERY_BLOCK", query_block)
     model, path = hf_model(tmp_path, name)
     cfg, params = weights.load(path)
     batch, seq = 2, 6

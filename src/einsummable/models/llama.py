@@ -11,6 +11,7 @@ q_proj is [g, r, c, j, d] rather than [g*r*c*j, d] (see ``weights.py``).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, fields
 
@@ -131,10 +132,41 @@ def causal_mask(g: Graph, seq: int, dtype: str = "f32") -> Tensor:
     return g.tril((seq, seq), inside=0.0, outside=-math.inf, dtype=dtype)
 
 
+QUERY_BLOCK = 128  # queries per causal block (as FlashAttention tiles); 64 made more copies than it saved
+
+
+def attend(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor) -> Tensor:
+    """softmax(q . keys + mask) . values; q comes scaled by 1/sqrt(k) from RoPE's rotation."""
+    scores = einsum("bqgrcj,btgcj->bgrqt", q, keys)
+    mask_spec = "qt" if mask.ndim == 2 else "bqt"
+    masked = einsum(f"bgrqt,{mask_spec}->bgrqt", scores, mask, join="x0 + x1")
+    probs = nn.softmax(masked, axis=-1)
+    return einsum("bgrqt,btgk->bqgrk", probs, values)
+
+
+def causal_attend(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+    """Causal attention that skips the masked blocks, as FlashAttention does.
+
+    The queries of block [a, e) see no key at or after e: those scores would be -inf and
+    their probabilities exactly 0, so each block attends to keys [0, e) alone. Over
+    n blocks this computes (n + 1) / 2n of the scores.
+    """
+    seq = q.shape[1]
+    edges = [*range(0, seq, QUERY_BLOCK), seq]
+    return es.concat([
+        attend(q[:, a:e], keys[:, :e], values[:, :e],
+               q.graph.tril((e - a, e), inside=0.0, outside=-math.inf, offset=a, dtype=q.dtype))
+        for a, e in itertools.pairwise(edges)
+    ], axis=1)
+
+
 def attention(x: Tensor, p: dict[str, Tensor], prefix: str, rot_q: Tensor, rot_k: Tensor,
-              mask: Tensor, cache: tuple[Tensor, Tensor] | None = None
+              mask: Tensor | None, cache: tuple[Tensor, Tensor] | None = None
               ) -> tuple[Tensor, Tensor, Tensor]:
-    """Grouped-query attention; returns the output and this call's new keys and values."""
+    """Grouped-query attention; returns the output and this call's new keys and values.
+
+    ``mask`` None means causal, over these positions alone (no cache).
+    """
     q = einsum("bsd,grcjd->bsgrcj", x, p[prefix + "q_proj.weight"])
     q = einsum("bsgrej,bsjce->bsgrcj", q, rot_q)                    # RoPE, scaled by 1/sqrt(k)
     k_new = einsum("bsd,gcjd->bsgcj", x, p[prefix + "k_proj.weight"])
@@ -144,10 +176,7 @@ def attention(x: Tensor, p: dict[str, Tensor], prefix: str, rot_q: Tensor, rot_k
     if cache is not None:
         keys = es.concat([cache[0], k_new], axis=1)                   # [b, t, g, c, j]
         values = es.concat([cache[1], v_new], axis=1)                 # [b, t, g, k]
-    scores = einsum("bqgrcj,btgcj->bgrqt", q, keys)
-    masked = einsum("bgrqt,bqt->bgrqt", scores, mask, join="x0 + x1")
-    probs = nn.softmax(masked, axis=-1)
-    out = einsum("bgrqt,btgk->bqgrk", probs, values)
+    out = causal_attend(q, keys, values) if mask is None else attend(q, keys, values, mask)
     return einsum("bqgrk,dgrk->bqd", out, p[prefix + "o_proj.weight"]), k_new, v_new
 
 
@@ -159,19 +188,21 @@ def mlp(x: Tensor, p: dict[str, Tensor], prefix: str) -> Tensor:
     return einsum("bsf,df->bsd", act, p[prefix + "down_proj.weight"])
 
 
-def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor,
+def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor | None,
             cache: list[tuple[Tensor, Tensor]] | None = None, residuals: list[Tensor] | None = None
             ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
     """Final hidden states [b, s, d] and, per layer, the new (keys, values) for a KV cache.
 
     ``mask`` is [b, s, t] (or [s, t]) of 0 / -inf over the keys: the cache's, then these.
+    None means causal (without a cache), and then masked blocks are skipped.
     ``residuals``, when given, collects the residual stream after each layer (the
     natural activation checkpoints).
     """
     dtype = p["model.embed_tokens.weight"].dtype                       # f32, or bf16 weights
-    if mask.ndim == 2:
-        mask = es.broadcast_to(mask, (ids.shape[0], *mask.shape))
-    mask = mask.astype(dtype)
+    if mask is None and cache:
+        raise es.GraphError("a causal decoder (mask None) takes no cache; pass a mask over the cache's keys")
+    if mask is not None:
+        mask = mask.astype(dtype)
     eps = cfg.rms_norm_eps
     rot_q = rope_rotation(pos, cfg, scale=1.0 / math.sqrt(cfg.head_dim)).astype(dtype)
     rot_k = rope_rotation(pos, cfg).astype(dtype)
@@ -196,7 +227,7 @@ def lm_head(cfg: LlamaConfig, p: dict[str, Tensor], h: Tensor) -> Tensor:
     return einsum("bsd,vd->bsv", h, head)
 
 
-def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor,
+def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor | None,
             residuals: list[Tensor] | None = None) -> Tensor:
     h, _ = decoder(cfg, p, ids, pos, mask, residuals=residuals)
     return lm_head(cfg, p, h)
@@ -210,6 +241,6 @@ def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
     tokens = g.input("tokens", (batch, seq + 1))
     ids, targets = tokens[:, :seq], tokens[:, 1:]
     pos = g.ramp((batch, seq), steps=(0.0, 1.0))
-    logits = forward(cfg, p, ids, pos, causal_mask(g, seq), residuals)
+    logits = forward(cfg, p, ids, pos, None, residuals)
     loss = nn.cross_entropy(logits.astype("f32") if dtype != "f32" else logits, targets)
     return g, p, loss
