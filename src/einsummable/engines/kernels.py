@@ -124,8 +124,7 @@ def prepare(op: Einsummable) -> Kernel:
     dtype = to_numpy(op.dtype)
     match = equality_gather(op)
     if op.is_contraction() and _inner_size(op) > TINY_INNER:
-        def body(arrays, variables):
-            return _contract(op, arrays)
+        body = _contraction(op)
     elif match is not None:
         def body(arrays, variables):
             return _gather(op, arrays, *match)
@@ -290,42 +289,59 @@ def _inner_size(op: Einsummable) -> int:
     return n
 
 
-def _contract(op: Einsummable, arrays: Sequence[np.ndarray]) -> np.ndarray:
-    (ia, ib), (a, b) = op.inputs, _upcast(arrays)
+def _contraction(op: Einsummable) -> Kernel:
+    """A pairwise contraction as one batched GEMM; its index bookkeeping is done here, once."""
+    (ia, ib) = op.inputs
     sa, sb, out = set(ia), set(ib), set(range(op.out_rank))
     # indices summed inside one operand alone are reduced before the GEMM
-    a, ia = _presum(a, ia, sb | out)
-    b, ib = _presum(b, ib, sa | out)
+    lone_a = tuple(k for k, i in enumerate(ia) if i not in sb | out)
+    lone_b = tuple(k for k, i in enumerate(ib) if i not in sa | out)
+    ia, ib = tuple(i for i in ia if i in sb | out), tuple(i for i in ib if i in sa | out)
     sa, sb = set(ia), set(ib)
     batch = [i for i in range(op.out_rank) if i in sa and i in sb]
     left = [i for i in range(op.out_rank) if i in sa and i not in sb]
     right = [i for i in range(op.out_rank) if i in sb and i not in sa]
-    if left and right and right[0] < left[0]:
-        # (B A) rather than (A B) lands the GEMM's rows and columns in output order
-        a, ia, sa, b, ib, sb, left, right = b, ib, sb, a, ia, sa, right, left
+    # (B A) rather than (A B) lands the GEMM's rows and columns in output order
+    swap = bool(left and right and right[0] < left[0])
+    if swap:
+        ia, ib, sa, sb, left, right = ib, ia, sb, sa, right, left
     inner = [i for i in ia if i in sb and i not in out]
     if not _sorted(batch + left + right):
         # the result is transposed anyway: take rows and columns in their operands' memory order
         left, right = [i for i in ia if i in left], [i for i in ib if i in right]
     size = op.join_shape
-    c = np.matmul(_matrices(a, ia, batch, left, inner, size), _matrices(b, ib, batch, inner, right, size))
     order = batch + left + right
-    c = c.reshape([size[i] for i in order])
+    grid = [size[i] for i in order]
     present = [i for i in range(op.out_rank) if i in order]
     perm = [order.index(i) for i in present]
-    if not _sorted(perm):
-        c = np.ascontiguousarray(c.transpose(perm))  # elementwise kernels downstream read it row-major
+    transpose = not _sorted(perm)
     shape = [size[i] if i in order else 1 for i in range(op.out_rank)]
-    return c.reshape(shape)
+    as_a = _matrices(ia, batch, left, inner, size)
+    as_b = _matrices(ib, batch, inner, right, size)
+
+    def body(arrays, variables):
+        a, b = _upcast(arrays)
+        if lone_a:
+            a = a.sum(axis=lone_a)
+        if lone_b:
+            b = b.sum(axis=lone_b)
+        if swap:
+            a, b = b, a
+        c = np.matmul(as_a(a), as_b(b)).reshape(grid)
+        if transpose:
+            c = np.ascontiguousarray(c.transpose(perm))  # elementwise kernels downstream read it row-major
+        return c.reshape(shape)
+
+    return body
 
 
 def _sorted(xs: list[int]) -> bool:
     return all(x < y for x, y in itertools.pairwise(xs))
 
 
-def _matrices(x: np.ndarray, idx: tuple[int, ...], batch: list[int], rows: list[int], cols: list[int],
-              size: tuple[int, ...]) -> np.ndarray:
-    """``x`` as a stack of rows x cols matrices, [*batch, R, C], for ``np.matmul``.
+def _matrices(idx: tuple[int, ...], batch: list[int], rows: list[int], cols: list[int],
+              size: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
+    """An operand as a stack of rows x cols matrices, [*batch, R, C], for ``np.matmul``.
 
     A view where the layout allows: batch axes keep any strides, and BLAS reads a
     matrix stored either way round, so only an operand whose rows or columns are
@@ -333,13 +349,17 @@ def _matrices(x: np.ndarray, idx: tuple[int, ...], batch: list[int], rows: list[
     """
     lead, perm = [size[i] for i in batch], [idx.index(i) for i in batch + rows + cols]
     shape = (*lead, _prod(size, rows), _prod(size, cols))
-    try:
-        view = np.reshape(x.transpose(perm), shape, copy=False)
-        if _blas_ready(view):
-            return view
-    except ValueError:
-        pass
-    return np.ascontiguousarray(x.transpose(perm)).reshape(shape)
+
+    def matrices(x: np.ndarray) -> np.ndarray:
+        try:
+            view = np.reshape(x.transpose(perm), shape, copy=False)
+            if _blas_ready(view):
+                return view
+        except ValueError:
+            pass
+        return np.ascontiguousarray(x.transpose(perm)).reshape(shape)
+
+    return matrices
 
 
 def _blas_ready(m: np.ndarray) -> bool:
@@ -348,13 +368,6 @@ def _blas_ready(m: np.ndarray) -> bool:
     (rs, cs), (r, c) = m.strides[-2:], m.shape[-2:]
     row_major = cs == item and rs % item == 0 and rs >= c * item
     return row_major or (rs == item and cs % item == 0 and cs >= r * item)
-
-
-def _presum(a: np.ndarray, idx: tuple[int, ...], needed: set[int]) -> tuple[np.ndarray, tuple[int, ...]]:
-    lone = tuple(k for k, i in enumerate(idx) if i not in needed)
-    if not lone:
-        return a, idx
-    return a.sum(axis=lone), tuple(i for i in idx if i in needed)
 
 
 def _prod(size: tuple[int, ...], idx: list[int]) -> int:

@@ -60,11 +60,12 @@ def run(
         raise EngineError(f"{n} tasks but {len(location)} locations")
     if rank is None:
         rank = critical_path(inputs, [1.0] * n)
-    pending = [len(set(ins)) for ins in inputs]
+    distinct = [tuple(set(ins)) for ins in inputs]
+    pending = [len(ins) for ins in distinct]
     readers = [0] * n
     users: list[list[int]] = [[] for _ in range(n)]
-    for i, ins in enumerate(inputs):
-        for j in set(ins):
+    for i, ins in enumerate(distinct):
+        for j in ins:
             users[j].append(i)
             readers[j] += 1
     if workers <= 1:
@@ -78,7 +79,7 @@ def run(
     def finish(i: int, value: object) -> None:
         with state.lock:
             values[i] = value
-            for j in set(inputs[i]):
+            for j in distinct[i]:
                 readers[j] -= 1
                 if readers[j] == 0 and j not in keep:
                     values.pop(j, None)

@@ -450,6 +450,7 @@ class Compiled:
         self.dtype = result_dtype(self.expr, self.input_dtypes)
         self.kind = classify(self.expr)
         self._steps: list[tuple] = []
+        self._plans: dict[tuple, list[tuple[int, ...]]] = {}
         memo: dict[Expr, tuple] = {}
         self._root = self._lower(self.expr, memo)
         last_use: dict[int, int] = {}
@@ -462,6 +463,18 @@ class Compiled:
             list(dict.fromkeys(ref[1] for ref in args if ref[0] == "reg" and last_use[ref[1]] == k))
             for k, (_, args, _, _) in enumerate(self._steps)
         ]
+
+    def _shapes(self, inputs: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
+        """Each step's broadcast shape, once per input shapes: ``np.broadcast_shapes`` is
+        slow enough to matter over the thousands of blocks a step runs."""
+        shapes = self._plans.get(inputs)
+        if shapes is None:
+            shapes = []
+            for _, args, _, _ in self._steps:
+                shapes.append(np.broadcast_shapes(
+                    *(inputs[v] if kind == "in" else shapes[v] for kind, v in args if kind in ("in", "reg"))))
+            self._plans[inputs] = shapes
+        return shapes
 
     def _lower(self, e: Expr, memo: dict[Expr, tuple]) -> tuple:
         if e in memo:
@@ -515,9 +528,10 @@ class Compiled:
             np.copyto(out, result, casting="unsafe")
             return out
         n = len(self._steps)
+        shapes = self._shapes(tuple(np.shape(a) for a in arrays))
         for k, (kernel, args, dtype, inplace) in enumerate(self._steps):
             vals = [value(a) for a in args]
-            shape = np.broadcast_shapes(*(np.shape(v) for v in vals if not isinstance(v, float)))
+            shape = shapes[k]
             key = (shape, dtype)
             if inplace:
                 for r in self._dies[k]:
