@@ -145,9 +145,12 @@ def prepare(op: Einsummable) -> Kernel:
         summed = tuple(k for k, i in enumerate(order) if i >= op.out_rank)
         back = tuple(np.argsort([i for i in order if i < op.out_rank]))
 
+        aligned = [(sorted(range(len(idx)), key=idx.__getitem__),
+                    tuple(op.join_shape[i] if i in idx else 1 for i in range(op.rank))) for idx in op.inputs]
+
         def body(arrays, variables):
-            views = [_align(a, idx, op.rank).transpose(order)
-                     for a, idx in zip(arrays, op.inputs, strict=True)]
+            views = [a.transpose(axes).reshape(shape).transpose(order)
+                     for a, (axes, shape) in zip(arrays, aligned, strict=True)]
             result = fn(*views, variables=variables)
             return (reduce(result, axis=summed) if reduce else result).transpose(back)
 

@@ -15,6 +15,8 @@ place; a move inside the process is a view, not a copy. Feeds are never written.
 from __future__ import annotations
 
 import ctypes
+import itertools
+import math
 import os
 import sys
 import time
@@ -115,8 +117,15 @@ def _partial(task: PartialTask):
 
         return accumulate
 
+    covered = not reduce and _tiles([p.dst_box for p in task.pieces], task.shape)
+
     def assemble(args, feeds, variables):
-        out = np.full(task.shape, task.pad, dtype=dtype)
+        if covered:
+            out = np.empty(task.shape, dtype=dtype)
+        elif task.pad == 0:
+            out = np.zeros(task.shape, dtype=dtype)  # calloc's pages come zeroed, no pass
+        else:
+            out = np.full(task.shape, task.pad, dtype=dtype)
         written = np.zeros(task.shape, dtype=bool) if reduce else None
         for k, src, dst, _ in pieces:
             piece = args[k][src]
@@ -128,6 +137,13 @@ def _partial(task: PartialTask):
         return out
 
     return assemble
+
+
+def _tiles(boxes: list, shape: tuple[int, ...]) -> bool:
+    """Whether disjoint ``boxes`` fill ``shape``: then no padding needs writing."""
+    disjoint = all(any(b_hi <= a_lo or a_hi <= b_lo for (a_lo, a_hi), (b_lo, b_hi) in zip(a, b, strict=True))
+                   for a, b in itertools.combinations(boxes, 2))
+    return disjoint and sum(math.prod(hi - lo for lo, hi in box) for box in boxes) == math.prod(shape)
 
 
 def _view(task: ViewTask):
