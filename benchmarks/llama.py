@@ -118,7 +118,7 @@ def main() -> None:
         args = parser.parse_args()  # explicit flags still win over --quick's sizes
     import torch
 
-    torch.set_num_threads(os.cpu_count())
+    torch.set_num_threads(args.workers)  # the same threads as our workers
     model, cfg, params = hf_model(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate,
                                   args.vocab)
     n_params = sum(int(np.prod(s)) for s in cfg.parameter_shapes().values())

@@ -129,7 +129,7 @@ def _select(b: _Builder) -> None:
         new, t = b.letter(2 * n), es.concat([x, x * 2.0], axis=d)
     else:
         widths = [(1, 2) if e == d else (0, 0) for e in range(len(lx))]
-        new, t = b.letter(n + 3), es.pad(x, widths, value=0.25)
+        new, t = b.letter(n + 3), es.pad(x, widths, value=b.rng.choice((0.0, 0.25)))
     b.add(t, lx[:d] + new + lx[d + 1 :])
 
 
