@@ -126,11 +126,12 @@ def _adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper, betas: tuple[Hyper,
         if w.dtype not in by_dtype:
             by_dtype[w.dtype] = [cast(c, w.dtype) for c in corrections]
         c1, c2 = by_dtype[w.dtype]
-        adam_dir = "(x1 / x3) / (sqrt(x2 / x4) + x6)"
+        # PyTorch's order: the scalar factors lr / c1 and sqrt(c2) are taken once, not per element
+        adam_step = "x5 / x3 * x1 / (sqrt(x2) / sqrt(x4) + x6)"
         if wd != 0 and decoupled:
-            new_w = elementwise(f"x0 - x5 * ({adam_dir} + x7 * x0)", w, new_m, new_v, c1, c2, lr, eps, wd)
+            new_w = elementwise(f"x0 * (1 - x5 * x7) - {adam_step}", w, new_m, new_v, c1, c2, lr, eps, wd)
         else:
-            new_w = elementwise(f"x0 - x5 * {adam_dir}", w, new_m, new_v, c1, c2, lr, eps)
+            new_w = elementwise(f"x0 - {adam_step}", w, new_m, new_v, c1, c2, lr, eps)
         graph.output(f"{name}.m", new_m)
         graph.output(f"{name}.v", new_v)
         graph.output(name, new_w)
