@@ -74,6 +74,7 @@ def test_select_slice_concat_pad():
     g.output("newaxis", a[None, :, 0])
     g.output("ellipsis", a[..., 1])
     g.output("concat", es.concat([a, b], axis=0))
+    assert es.concat([b], axis=1).id == b.id  # one tensor: itself, no copy node
     g.output("pad", es.pad(b, [(1, 0), (0, 2)], value=-1.0))
     out = run(g, {"a": A, "b": B})
     np.testing.assert_array_equal(out["slice"], A[1:3, -2:])

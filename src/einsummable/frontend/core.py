@@ -442,6 +442,8 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
             a != b for d, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if d != axis
         ):
             raise ShapeError(f"concat along axis {axis}: shapes {first.shape} and {t.shape} disagree")
+    if len(tensors) == 1:
+        return first  # as a whole slice is the tensor itself: no copy
     pieces, offset = [], 0
     for t in tensors:
         dst = tuple(offset if d == axis else 0 for d in range(first.ndim))
