@@ -41,7 +41,7 @@ def einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None
         return np.array(result, dtype=to_numpy(op.dtype), copy=True)
     if math.prod(op.join_shape) > JOIN_LIMIT and op.out_rank and op.join_shape[0] > 1:
         return _in_slabs(op, arrays, variables)
-    views = [_align(a, idx, op.rank) for a, idx in zip(arrays, op.inputs, strict=True)]
+    views = [_align(a, idx, op.join_shape) for a, idx in zip(arrays, op.inputs, strict=True)]
     fn = compiled(op.join, op.dtypes)
     joined = fn(*views, variables=variables)
     if op.agg is not None:
@@ -71,15 +71,16 @@ def _upcast(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [a.astype(np.float32) if a.dtype.itemsize == 2 and a.dtype.kind != "i" else a for a in arrays]
 
 
-def _align(a: np.ndarray, idx: tuple[int, ...], rank: int) -> np.ndarray:
-    """View ``a`` with its axes in join order and size-1 axes for the indices it lacks."""
-    order = sorted(range(len(idx)), key=lambda k: idx[k])
-    a = a.transpose(order)
-    present = sorted(idx)
-    shape = [1] * rank
-    for axis, i in enumerate(present):
-        shape[i] = a.shape[axis]
-    return a.reshape(shape)
+def _alignment(idx: tuple[int, ...], join_shape: tuple[int, ...]) -> tuple[list[int], tuple[int, ...]]:
+    """The transpose and reshape that view an operand with its axes in join order and
+    size-1 axes for the indices it lacks; kernels work it out once, at prepare."""
+    axes = sorted(range(len(idx)), key=idx.__getitem__)
+    return axes, tuple(n if i in idx else 1 for i, n in enumerate(join_shape))
+
+
+def _align(a: np.ndarray, idx: tuple[int, ...], join_shape: tuple[int, ...]) -> np.ndarray:
+    axes, shape = _alignment(idx, join_shape)
+    return a.transpose(axes).reshape(shape)
 
 
 def fill(kind: FillKind, dtype: str, box: Box) -> np.ndarray:
@@ -132,7 +133,7 @@ def prepare(op: Einsummable) -> Kernel:
         reduce = REDUCE[op.agg].reduce if op.agg else None
 
         def body(arrays, variables):
-            view = _align(arrays[0], op.inputs[0], op.rank)
+            view = _align(arrays[0], op.inputs[0], op.join_shape)
             return reduce(view, axis=op.aggregated) if reduce else view
     elif _aggregated_size(op) > 0 and (split := _outer_factors(op)) is not None:
         body = _factored(op, *split)
@@ -145,8 +146,7 @@ def prepare(op: Einsummable) -> Kernel:
         summed = tuple(k for k, i in enumerate(order) if i >= op.out_rank)
         back = tuple(np.argsort([i for i in order if i < op.out_rank]))
 
-        aligned = [(sorted(range(len(idx)), key=idx.__getitem__),
-                    tuple(op.join_shape[i] if i in idx else 1 for i in range(op.rank))) for idx in op.inputs]
+        aligned = [_alignment(idx, op.join_shape) for idx in op.inputs]
 
         def body(arrays, variables):
             views = [a.transpose(axes).reshape(shape).transpose(order)
@@ -268,7 +268,7 @@ def _small_reduce(op: Einsummable) -> Kernel:
     keep = (slice(None),) * op.out_rank
 
     def body(arrays, variables):
-        views = [_align(a, idx, op.rank) for a, idx in zip(arrays, op.inputs, strict=True)]
+        views = [_align(a, idx, op.join_shape) for a, idx in zip(arrays, op.inputs, strict=True)]
         out = None
         for at in positions:
             term = fn(*(v[keep + _at(at, v.shape[op.out_rank :])] for v in views), variables=variables)
@@ -404,7 +404,7 @@ def _gather(op: Einsummable, arrays: Sequence[np.ndarray], a: int, b: int, c: in
     """
     rank, outs = op.rank, set(range(op.out_rank))
     m_idx = sorted(set(op.inputs[a]) | set(op.inputs[b]))
-    mask = _align(arrays[a], op.inputs[a], rank) == _align(arrays[b], op.inputs[b], rank)
+    mask = _align(arrays[a], op.inputs[a], op.join_shape) == _align(arrays[b], op.inputs[b], op.join_shape)
     mask = np.broadcast_to(mask, [op.join_shape[i] if i in m_idx else 1 for i in range(rank)])
     coords = dict(zip(m_idx, np.nonzero(mask.reshape([op.join_shape[i] for i in m_idx])), strict=True))
     c_idx = op.inputs[c]
