@@ -127,9 +127,11 @@ def rope_rotation(pos: Tensor, cfg: LlamaConfig, scale: float = 1.0) -> Tensor:
                   join=f"(cos(x0) * (1 - abs(x1)) + sin(x0) * x1) * {scale!r}")
 
 
-def causal_mask(g: Graph, seq: int, dtype: str = "f32") -> Tensor:
-    """0 where a query may see a key (t <= q), -inf elsewhere: [q, t]."""
-    return g.tril((seq, seq), inside=0.0, outside=-math.inf, dtype=dtype)
+def causal_mask(g: Graph, seq: int, dtype: str = "f32", keys: int | None = None, offset: int = 0) -> Tensor:
+    """0 where a query may see a key, -inf elsewhere: [q, t] over ``seq`` queries at
+    positions offset, offset + 1, ... and ``keys`` keys (``seq`` by default) from 0."""
+    shape = (seq, seq if keys is None else keys)
+    return g.tril(shape, inside=0.0, outside=-math.inf, offset=offset, dtype=dtype)
 
 
 QUERY_BLOCK = 128  # queries per causal block (as FlashAttention tiles); 64 made more copies than it saved
@@ -154,8 +156,7 @@ def causal_attend(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     seq = q.shape[1]
     edges = [*range(0, seq, QUERY_BLOCK), seq]
     return es.concat([
-        attend(q[:, a:e], keys[:, :e], values[:, :e],
-               q.graph.tril((e - a, e), inside=0.0, outside=-math.inf, offset=a, dtype=q.dtype))
+        attend(q[:, a:e], keys[:, :e], values[:, :e], causal_mask(q.graph, e - a, q.dtype, keys=e, offset=a))
         for a, e in itertools.pairwise(edges)
     ], axis=1)
 
