@@ -33,7 +33,7 @@ from einsummable.frontend.core import (
     where,
 )
 from einsummable.frontend.einsum import einsum, matmul
-from einsummable.plan.cluster import Cluster
+from einsummable.hardware.cluster import Cluster
 
 __all__ = [
     "AutodiffError",

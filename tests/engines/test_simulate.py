@@ -155,7 +155,7 @@ def test_the_cluster_round_trips_through_json(tmp_path):
 
 def test_calibrate_writes_a_cluster_that_loads(tmp_path, monkeypatch):
     from einsummable import cli
-    from einsummable.plan import calibrate
+    from einsummable.hardware import calibrate
 
     for name, value in (("GEMM_N", 64), ("ELEMENTS", 1 << 12), ("COPY_ELEMENTS", 1 << 12), ("REPEATS", 1)):
         monkeypatch.setattr(calibrate, name, value)

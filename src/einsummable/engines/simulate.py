@@ -43,6 +43,7 @@ import numpy as np
 
 from einsummable.engines.kernels import equality_gather
 from einsummable.errors import EinsummableError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.einsummable import IDENTITY, Einsummable
 from einsummable.lower.taskgraph import (
@@ -55,7 +56,6 @@ from einsummable.lower.taskgraph import (
     TaskGraph,
     ViewTask,
 )
-from einsummable.plan.cluster import Cluster
 
 
 class SimulationError(EinsummableError):

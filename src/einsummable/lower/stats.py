@@ -6,9 +6,9 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import itemsize
 from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, TaskGraph, fmt_box
-from einsummable.plan.cluster import Cluster
 
 
 @dataclass(frozen=True)
