@@ -26,6 +26,7 @@ from threadpoolctl import ThreadpoolController
 
 from einsummable.engines import kernels, scheduler
 from einsummable.engines.blocks import Blocks
+from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (
     ApplyTask,
@@ -71,12 +72,8 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _slices(box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
 def _input(task: InputTask):
-    box = _slices(task.box)
+    box = slices(task.box)
 
     def run(args, feeds, variables):
         src = feeds[task.name]
@@ -95,13 +92,13 @@ def _apply(task: ApplyTask):
 
 
 def _move(task: MoveTask):
-    box = _slices(task.box)
+    box = slices(task.box)
     return lambda args, feeds, variables: args[0][box]  # one address space: a view is the move
 
 
 def _partial(task: PartialTask):
-    full = tuple((0, n) for n in task.shape)
-    pieces = [(p.input, _slices(p.src), _slices(p.dst_box), p.dst_box == full) for p in task.pieces]
+    full = whole(task.shape)
+    pieces = [(p.input, slices(p.src), slices(p.dst_box), p.dst_box == full) for p in task.pieces]
     dtype = to_numpy(task.dtype)
     reduce = kernels.REDUCE[task.agg] if task.agg else None
     if all(whole for *_, whole in pieces):
@@ -244,7 +241,7 @@ class LocalProgram:
             else:
                 array = np.empty(out.shape, dtype=to_numpy(out.dtype))
                 for t, box in out.blocks:
-                    array[_slices(box)] = values[t]
+                    array[slices(box)] = values[t]
                 result[name] = array
         return result
 

@@ -57,27 +57,14 @@ from threadpoolctl import threadpool_limits
 from einsummable.engines import local, scheduler
 from einsummable.engines.blocks import Blocks
 from einsummable.engines.scheduler import EngineError
+from einsummable.ir.box import Box, intersect, slices, within
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import InputTask, MoveTask, TaskGraph
 
-Box = tuple[tuple[int, int], ...]
 INLINE_BYTES = 100_000  # Ray inlines arguments this small anyway; larger moves go by ObjectRef
 TIMEOUT = 3600.0  # seconds a run may take before it is abandoned with an error
 START_TIMEOUT = 120.0  # seconds to create and set up the actors
 ABORT_GRACE = 30.0  # seconds the survivors of a failed run get to stop
-
-
-def _slices(box: Box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
-def _meet(a: Box, b: Box) -> Box | None:
-    box = tuple((max(p, r), min(q, s)) for (p, q), (r, s) in zip(a, b, strict=True))
-    return box if all(lo < hi for lo, hi in box) else None
-
-
-def _within(inner: Box, outer: Box) -> Box:
-    return tuple((lo - o, hi - o) for (lo, hi), (o, _) in zip(inner, outer, strict=True))
 
 
 class _Aborted(Exception):
@@ -176,7 +163,7 @@ class _Part:
 
 
 def _sender(t: int, task: MoveTask):
-    box = _slices(task.box)
+    box = slices(task.box)
 
     def send(args, run):
         run.send(task.loc, ("move", t), args[0][box])
@@ -231,7 +218,7 @@ class _Worker:
         ctx = _Run(pid, run, {}, variables, self.mailbox, self.peers[pid], timeout)
         try:
             for key, box, dest, msg in sends:  # resident pieces others read: send before waiting on any
-                ctx.send(dest, msg, self.store[key][_slices(box)])
+                ctx.send(dest, msg, self.store[key][slices(box)])
             ctx.feeds = {name: Blocks(shape, dtype, {box: self._piece(ctx, source) for box, source in pieces})
                          for name, (shape, dtype, pieces) in feeds.items()}
             keep = {part.index[t] for t in fetch} | {part.index[t] for t, _ in carry}
@@ -276,7 +263,8 @@ class RayBlocks(Blocks):
 
     def get(self, box: Box) -> np.ndarray:
         self.program.check_resident(self)
-        wanted = [(have, w, key) for have, (w, _, key) in self.where.items() if not box or _meet(have, box)]
+        wanted = [(have, w, key) for have, (w, _, key) in self.where.items()
+                  if intersect(have, box) is not None]
         refs = [self.program.actors[w].get.remote([key]) for _, w, key in wanted]
         try:
             arrays = ray.get(refs, timeout=self.program.timeout)
@@ -431,7 +419,7 @@ class RayProgram:
                 continue
             array = np.empty(out.shape, dtype=to_numpy(out.dtype))
             for t, box in out.blocks:
-                array[_slices(box)] = values[t]
+                array[slices(box)] = values[t]
             result[name] = array
         return result
 
@@ -443,19 +431,19 @@ class RayProgram:
             for name, box, dtype in wanted:
                 value = feeds[name]
                 if not (isinstance(value, RayBlocks) and value.program is self):
-                    piece = value.get(box) if isinstance(value, Blocks) else value[_slices(box)]
+                    piece = value.get(box) if isinstance(value, Blocks) else value[slices(box)]
                     pieces = [(box, ("feed", np.asarray(piece)))]
                 else:
                     pieces = []
                     for have, (holder, _, key) in value.where.items():
-                        meet = _meet(have, box) if box else ()
+                        meet = intersect(have, box)
                         if meet is None:
                             continue
                         if holder == w:
                             pieces.append((have, ("store", key)))
                         else:
                             msg = ("resident", name, meet)
-                            sends[holder].append((key, _within(meet, have), w, msg))
+                            sends[holder].append((key, within(meet, have), w, msg))
                             pieces.append((meet, ("msg", msg)))
                 entry = inputs[w].setdefault(name, (value.shape, dtype, []))
                 entry[2].extend(p for p in pieces if p[0] not in {q[0] for q in entry[2]})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from einsummable.engines import kernels
+from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.graph import (
     ComplexView,
@@ -35,14 +36,13 @@ def _formation(node: Formation, args, feeds, variables):
 
 
 def _fill(node: Fill, args, feeds, variables):
-    return kernels.fill(node.kind, node.dtype, kernels.whole(node.shape))
+    return kernels.fill(node.kind, node.dtype, whole(node.shape))
 
 
 def _select(node: Select, args, feeds, variables):
     out = np.full(node.shape, node.pad, dtype=to_numpy(node.dtype))
     for p in node.pieces:
-        src = args[p.input][tuple(slice(lo, hi) for lo, hi in p.src)]
-        out[tuple(slice(lo, hi) for lo, hi in p.dst_box)] = src
+        out[slices(p.dst_box)] = args[p.input][slices(p.src)]
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from einsummable.engines import kernels
+from einsummable.ir.box import slices
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (
     ApplyTask,
@@ -23,12 +24,8 @@ from einsummable.lower.taskgraph import (
 )
 
 
-def _slices(box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
 def _input(task: InputTask, args, feeds, variables):
-    return feeds[task.name][_slices(task.box)]
+    return feeds[task.name][slices(task.box)]
 
 
 def _constant(task: ConstantTask, args, feeds, variables):
@@ -40,15 +37,15 @@ def _apply(task: ApplyTask, args, feeds, variables):
 
 
 def _move(task: MoveTask, args, feeds, variables):
-    return np.array(args[0][_slices(task.box)], copy=True)
+    return np.array(args[0][slices(task.box)], copy=True)
 
 
 def _partial(task: PartialTask, args, feeds, variables):
     out = np.full(task.shape, task.pad, dtype=to_numpy(task.dtype))
     written = np.zeros(task.shape, dtype=bool) if task.agg else None
     for p in task.pieces:
-        dst = _slices(p.dst_box)
-        piece = args[p.input][_slices(p.src)]
+        dst = slices(p.dst_box)
+        piece = args[p.input][slices(p.src)]
         if written is None:
             out[dst] = piece
             continue
@@ -91,6 +88,6 @@ def run(tg: TaskGraph, feeds: dict[str, np.ndarray], variables: dict[str, float]
     for name, out in tg.outputs.items():
         array = np.empty(out.shape, dtype=to_numpy(out.dtype))
         for t, box in out.blocks:
-            array[_slices(box)] = values[t]
+            array[slices(box)] = values[t]
         result[name] = array
     return result

@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from einsummable.errors import DtypeError, GraphError, ShapeError
+from einsummable.ir.box import Box, box_shape, fmt_box, place
 from einsummable.ir.dtypes import COMPLEX, DTYPES, real_of
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import variables_used
 
 Shape = tuple[int, ...]
-Box = tuple[tuple[int, int], ...]
 
 
 def _fmt_shape(dtype: str, shape: Shape) -> str:
@@ -72,7 +72,7 @@ class Piece:
 
     @property
     def dst_box(self) -> Box:
-        return tuple((d, d + hi - lo) for d, (lo, hi) in zip(self.dst, self.src, strict=True))
+        return place(box_shape(self.src), self.dst)
 
 
 # ------------------------------------------------------------ node kinds
@@ -191,7 +191,7 @@ class Select:
 
     def describe(self) -> str:
         parts = " ".join(
-            f"{_fmt_box(p.src)}@{p.input}->{list(p.dst)}" for p in self.pieces
+            f"{fmt_box(p.src)}@{p.input}->{list(p.dst)}" for p in self.pieces
         )
         return f"select[{parts}{'' if self.pad == 0 else f' pad={self.pad}'}]"
 
@@ -249,10 +249,6 @@ def _check_shape(shape: Shape, what: str) -> None:
 def _check_dtype(dtype: str, what: str) -> None:
     if dtype not in DTYPES:
         raise DtypeError(f"{what} has dtype {dtype!r}; expected one of {DTYPES}")
-
-
-def _fmt_box(box: Box) -> str:
-    return "[" + ",".join(f"{lo}:{hi}" for lo, hi in box) + "]"
 
 
 # ------------------------------------------------------------ the graph

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from einsummable.ir.box import Box, intersect, volume
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.graph import EinGraph, Fill, Select
-from einsummable.plan.partition import Box, Partition, intersect, volume
+from einsummable.plan.partition import Partition
 from einsummable.plan.space import Space
 
 
