@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from einsummable.engines.scheduler import EngineError, critical_path, run
+from einsummable.engines.scheduler import critical_path, run
+from einsummable.errors import EngineError
 
 
 @st.composite

@@ -6,14 +6,17 @@ from einsummable.autodiff import grad
 from einsummable.compile import Program, compile, simulate
 from einsummable.errors import (
     AutodiffError,
+    CheckpointError,
     DtypeError,
     EinsummableError,
+    EngineError,
     ExprError,
     FeedError,
     GraphError,
     OptimizerError,
     PlanError,
     ShapeError,
+    SimulationError,
     SpecError,
 )
 from einsummable.frontend import nn
@@ -37,9 +40,11 @@ from einsummable.hardware.cluster import Cluster
 
 __all__ = [
     "AutodiffError",
+    "CheckpointError",
     "Cluster",
     "DtypeError",
     "EinsummableError",
+    "EngineError",
     "ExprError",
     "FeedError",
     "Graph",
@@ -48,6 +53,7 @@ __all__ = [
     "PlanError",
     "Program",
     "ShapeError",
+    "SimulationError",
     "SpecError",
     "Tensor",
     "broadcast_to",

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import einsummable as es
 from einsummable.engines import local, reference
-from einsummable.engines.scheduler import EngineError
+from einsummable.errors import EngineError
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.lowering import lower
 from einsummable.plan.plan import build

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines.simulate import Simulation, SimulationError, kernel_kind, run
+from einsummable.engines.simulate import Simulation, kernel_kind, run
+from einsummable.errors import SimulationError
 from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.stats import stats
 from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, Output, TaskGraph

@@ -56,7 +56,7 @@ from threadpoolctl import threadpool_limits
 
 from einsummable.engines import local, scheduler
 from einsummable.engines.blocks import Blocks
-from einsummable.engines.scheduler import EngineError
+from einsummable.errors import EngineError
 from einsummable.ir.box import Box, intersect, slices, within
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import InputTask, MoveTask, TaskGraph

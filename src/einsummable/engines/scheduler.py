@@ -21,11 +21,7 @@ import heapq
 import threading
 from collections.abc import Callable, Sequence
 
-from einsummable.errors import EinsummableError
-
-
-class EngineError(EinsummableError):
-    """A task failed while a program ran; names the task and its graph node."""
+from einsummable.errors import EngineError
 
 
 def critical_path(inputs: Sequence[Sequence[int]], cost: Sequence[float]) -> list[float]:

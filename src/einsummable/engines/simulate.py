@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from einsummable.engines.kernels import equality_gather
-from einsummable.errors import EinsummableError
+from einsummable.errors import SimulationError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.box import whole
 from einsummable.ir.dtypes import itemsize
@@ -57,11 +57,6 @@ from einsummable.lower.taskgraph import (
     TaskGraph,
     ViewTask,
 )
-
-
-class SimulationError(EinsummableError):
-    """A TaskGraph cannot be simulated on the given cluster."""
-
 
 # ------------------------------------------------------------ kernel time, per task kind
 
