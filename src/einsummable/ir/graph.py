@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from einsummable.errors import DtypeError, GraphError, ShapeError
-from einsummable.ir.box import Box, box_shape, fmt_box, place
+from einsummable.ir.box import Box, box_shape, fmt_box, intersect, place, shift, within
 from einsummable.ir.dtypes import COMPLEX, DTYPES, real_of
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import variables_used
@@ -188,6 +188,17 @@ class Select:
             for (lo, hi), n in zip(p.dst_box, self.shape, strict=True):
                 if not 0 <= lo <= hi <= n:
                     raise ShapeError(f"select target box {p.dst_box} is outside output shape {self.shape}")
+
+    def reads(self, box: Box) -> list[tuple[int, tuple[int, Box], Box]]:
+        """What the output block ``box`` reads, per piece that meets it:
+        (piece number, (operand, source box), target box in the block's coordinates)."""
+        out = []
+        for n, p in enumerate(self.pieces):
+            hit = intersect(p.dst_box, box)
+            if hit is not None:
+                src = shift(hit, [d - s for d, (s, _) in zip(p.dst, p.src, strict=True)])
+                out.append((n, (p.input, src), within(hit, box)))
+        return out
 
     def describe(self) -> str:
         parts = " ".join(

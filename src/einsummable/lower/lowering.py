@@ -42,7 +42,6 @@ from einsummable.lower.taskgraph import (
 )
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
-from einsummable.plan.traffic import select_reads
 
 Located = tuple[int, int]  # (task id, location)
 
@@ -176,7 +175,7 @@ def _select(lw: _Lowering, nid: int) -> None:
     node: Select = lw.g.nodes[nid]
 
     def make(box: Box, w: int) -> int:
-        reads = select_reads(node, box)
+        reads = node.reads(box)
         ts = [lw.fetch(node.inputs[k], src, w) for _, (k, src), _ in reads]
         shape = box_shape(box)
         if len(reads) == 1 and reads[0][2] == whole(shape):
