@@ -1,11 +1,15 @@
-"""A tensor kept as the blocks a run left on the workers: resident state between runs."""
+"""Outputs from blocks: a tensor kept as the blocks a run left on the workers (resident
+state between runs), or assembled into one array."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
 from einsummable.ir.box import Box, box_shape, intersect, slices, whole, within
 from einsummable.ir.dtypes import to_numpy
+from einsummable.lower.taskgraph import Output
 
 
 class Blocks:
@@ -36,3 +40,13 @@ class Blocks:
 
     def __repr__(self) -> str:
         return f"Blocks({self.dtype}{list(self.shape)}, {len(self.blocks)} blocks)"
+
+
+def assemble(out: Output, values: Mapping[int, np.ndarray]) -> np.ndarray:
+    """An output as one fresh array (never a view of a block) from its blocks' values."""
+    if len(out.blocks) == 1:
+        return np.array(values[out.blocks[0][0]], dtype=to_numpy(out.dtype), copy=True)
+    array = np.empty(out.shape, dtype=to_numpy(out.dtype))
+    for t, box in out.blocks:
+        array[slices(box)] = values[t]
+    return array

@@ -25,7 +25,7 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from einsummable.engines import kernels, scheduler
-from einsummable.engines.blocks import Blocks
+from einsummable.engines.blocks import Blocks, assemble
 from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (
@@ -236,13 +236,8 @@ class LocalProgram:
         for name, out in self.tg.outputs.items():
             if name in carry:
                 result[name] = Blocks(out.shape, out.dtype, {box: values[t] for t, box in out.blocks})
-            elif len(out.blocks) == 1:
-                result[name] = np.array(values[out.blocks[0][0]], dtype=to_numpy(out.dtype), copy=True)
             else:
-                array = np.empty(out.shape, dtype=to_numpy(out.dtype))
-                for t, box in out.blocks:
-                    array[slices(box)] = values[t]
-                result[name] = array
+                result[name] = assemble(out, values)
         return result
 
 

@@ -55,10 +55,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from threadpoolctl import threadpool_limits
 
 from einsummable.engines import local, scheduler
-from einsummable.engines.blocks import Blocks
+from einsummable.engines.blocks import Blocks, assemble
 from einsummable.errors import EngineError
 from einsummable.ir.box import Box, intersect, slices, within
-from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import InputTask, MoveTask, TaskGraph
 
 INLINE_BYTES = 100_000  # Ray inlines arguments this small anyway; larger moves go by ObjectRef
@@ -416,11 +415,8 @@ class RayProgram:
                 where = {box: (self.tg.tasks[t].loc, self.generation[self.tg.tasks[t].loc],
                                (self.pid, run, name, box)) for t, box in out.blocks}
                 result[name] = RayBlocks(self, name, out.shape, out.dtype, where)
-                continue
-            array = np.empty(out.shape, dtype=to_numpy(out.dtype))
-            for t, box in out.blocks:
-                array[slices(box)] = values[t]
-            result[name] = array
+            else:
+                result[name] = assemble(out, values)
         return result
 
     def _feeds(self, feeds: dict[str, object]) -> tuple[dict[int, dict], dict[int, list]]:

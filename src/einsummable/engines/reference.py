@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from einsummable.engines import kernels
+from einsummable.engines import kernels, scheduler
 from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.graph import (
@@ -69,21 +69,13 @@ EVAL = {
 def run(graph: EinGraph, feeds: dict[str, np.ndarray], variables: dict[str, float] | None = None
         ) -> dict[str, np.ndarray]:
     """Evaluate every live node in order; feeds are assumed checked."""
-    live = graph.live()
-    remaining = [0] * len(graph.nodes)
-    for nid, node in enumerate(graph.nodes):
-        if live[nid]:
-            for i in node.inputs:
-                remaining[i] += 1
-    wanted = set(graph.outputs.values())
-    values: dict[int, np.ndarray] = {}
-    for nid, node in enumerate(graph.nodes):
-        if not live[nid]:
-            continue
-        args = [values[i] for i in node.inputs]
-        values[nid] = EVAL[type(node)](node, args, feeds, variables or {})
-        for i in node.inputs:
-            remaining[i] -= 1
-            if remaining[i] == 0 and i not in wanted:
-                del values[i]
+    nodes, live, variables = graph.nodes, graph.live(), variables or {}
+
+    def execute(nid: int, args: list) -> np.ndarray | None:
+        return EVAL[type(nodes[nid])](nodes[nid], args, feeds, variables) if live[nid] else None
+
+    values = scheduler.run_in_order(
+        [node.inputs if live[nid] else () for nid, node in enumerate(nodes)], execute,
+        keep=set(graph.outputs.values()), describe=lambda nid: f"%{nid} {nodes[nid].describe()}",
+    )
     return {name: np.array(values[nid], copy=True) for name, nid in graph.outputs.items()}
