@@ -129,12 +129,12 @@ def _local(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:
 
 def _ray(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster, address: str | None = None) -> Runner:
     try:  # Ray is an optional extra: import it only when asked for
-        from einsummable.engines import ray_engine
+        from einsummable.engines.ray import RayProgram
     except ModuleNotFoundError as err:
         if err.name != "ray":
             raise
         raise EinsummableError("engine='ray' needs Ray: pip install 'einsummable[ray]'") from err
-    return ray_engine.RayProgram(tg, address).run
+    return RayProgram(tg, address).run
 
 
 def _simulate(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:

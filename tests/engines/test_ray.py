@@ -22,7 +22,7 @@ from einsummable.plan.plan import build
 from graphgen import random_graph, random_partitions
 
 ray = pytest.importorskip("ray")
-ray_engine = pytest.importorskip("einsummable.engines.ray_engine")
+ray_engine = pytest.importorskip("einsummable.engines.ray")
 
 pytestmark = pytest.mark.ray
 TWO_BY_TWO = es.Cluster(machines=2, cores=2)
@@ -99,6 +99,28 @@ def test_a_second_program_reuses_the_actors(two_nodes):
     a = es.compile(g, cluster=TWO_BY_TWO, engine="ray")._runner.__self__
     b = es.compile(g, cluster=TWO_BY_TWO, engine="ray")._runner.__self__
     assert [x._actor_id for x in a.actors] == [x._actor_id for x in b.actors]
+
+
+def test_a_new_program_after_an_actor_died_restarts_it(two_nodes):
+    """A dead actor's handle stays cached for reuse: a new program must notice and replace it
+    (it used to fail at once with "could not start the Ray workers within 120 s")."""
+    g, feeds = _chain(64, 3)
+    first = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+    want = first.run(feeds)["y"]
+    dead = first._runner.__self__.actors[2]
+    ray.kill(dead, no_restart=True)
+    for _ in range(600):  # wait until Ray knows it is dead (ray.kill does not wait)
+        try:
+            ray.get(dead.__ray_call__.remote(lambda self: None), timeout=60)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the killed actor still answers")
+    second = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+    np.testing.assert_array_equal(second.run(feeds)["y"], want)
+    assert second._runner.__self__.actors[2]._actor_id != dead._actor_id
+    np.testing.assert_array_equal(first.run(feeds)["y"], want)  # the first program picks up the new actor
 
 
 @pytest.mark.parametrize("cluster", [es.Cluster(machines=1, cores=3), TWO_BY_TWO])
