@@ -147,7 +147,7 @@ def _given(g: es.Graph, workers: int, counts: list[int], per_node: dict[int, lis
         want = [*(per_node or {}).get(k, counts), *[1] * len(sp.shape)][: len(sp.shape)]
         counts_here = [c if ok else 1 for c, ok in zip(want, sp.splittable, strict=True)]
         parts.append(Partition.uniform(sp.shape, counts_here))
-    return lower(g.ir, build(g.ir, es.Cluster(machines=1, cores=workers), parts))
+    return lower(build(g.ir, es.Cluster(machines=1, cores=workers), parts))
 
 
 def _per_task(workers: int, repeats: int) -> None:

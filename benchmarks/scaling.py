@@ -105,7 +105,7 @@ def predict(g: EinGraph, cluster: es.Cluster, planner: str, method: str) -> dict
     plan = make_plan(g, cluster, planner, compare=False)
     planning = time.perf_counter() - t0
     if method == "sim":
-        sim = es.simulate(lower(g, plan), cluster)
+        sim = es.simulate(lower(plan), cluster)
         seconds, memory, tasks = sim.makespan, max(sim.peak_memory), sim.tasks
     else:
         (seconds, memory), tasks = analytic(plan, cluster), sum(p.num_blocks for p in plan.parts)

@@ -126,7 +126,7 @@ def test_a_real_mlp_step_through_compile():
     prog = es.compile(g, cluster=cluster, engine="simulate")
     rng = np.random.default_rng(0)
     feeds = {n.name: rng.standard_normal(n.shape, dtype=np.float32) for n in g.nodes if hasattr(n, "name")}
-    sim = prog.run(feeds)
+    sim = prog.simulate(feeds=feeds)
     assert isinstance(sim, Simulation) and sim.tasks == len(prog.taskgraph)
     st = stats(prog.taskgraph, cluster)
     assert (sim.bytes_within, sim.bytes_across) == (st.bytes_within, st.bytes_across)
@@ -165,3 +165,25 @@ def test_calibrate_writes_a_cluster_that_loads(tmp_path, monkeypatch):
     assert (cluster.machines, cluster.cores) == (1, 2)
     assert cluster.flops_per_core > 0 and cluster.elementwise_flops_per_core > 0
     assert cluster.bandwidth_within == cluster.copy_bandwidth
+
+
+def test_program_types_hold_on_every_engine():
+    """run returns arrays (the simulate engine refuses: it computes nothing), simulate returns a
+    Simulation after checking the feeds, and plan is a Plan, or None for the reference engine."""
+    from einsummable.plan.plan import Plan
+
+    g = es.Graph()
+    x = g.input("x", (8, 4))
+    g.output("y", x * 2.0)
+    feeds = {"x": np.ones((8, 4), np.float32)}
+    sim = es.compile(g, workers=2, engine="simulate")
+    assert isinstance(sim.plan, Plan) and isinstance(sim.simulate(feeds=feeds), Simulation)
+    with pytest.raises(es.EinsummableError, match="computes nothing: prog.simulate"):
+        sim.run(feeds)
+    with pytest.raises(es.FeedError):
+        sim.simulate(feeds={"x": np.ones((3, 4), np.float32)})
+    ref = es.compile(g, engine="reference")
+    assert ref.plan is None and ref.taskgraph is None
+    np.testing.assert_array_equal(ref.run(feeds)["y"], 2 * feeds["x"])
+    with pytest.raises(es.EinsummableError, match="runs the graph whole"):
+        ref.simulate()

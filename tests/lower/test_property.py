@@ -20,7 +20,7 @@ def _check(seed: int, workers: int, machines: int = 1) -> None:
     g, feeds = random_graph(rng, n_ops=rng.randint(1, 10))
     plan = build(g.ir, Cluster(machines=machines, cores=workers), random_partitions(g.ir, rng))
     plan.validate()
-    tg = lower(g.ir, plan)
+    tg = lower(plan)
     tg.validate()
     want = reference.run(g.ir, feeds)
     got = sequential.run(tg, feeds)

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from einsummable.errors import PlanError
 from einsummable.ir.box import Box, box_shape, shift, whole
 from einsummable.ir.graph import (
     ComplexView,
@@ -211,10 +210,9 @@ LOWER = {
 }
 
 
-def lower(g: EinGraph, plan: Plan) -> TaskGraph:
-    """The TaskGraph of a placed plan, pruned to what the outputs need."""
-    if plan.graph is not g:
-        raise PlanError("the plan was made for a different graph")
+def lower(plan: Plan) -> TaskGraph:
+    """The TaskGraph of a placed plan (of ``plan.graph``), pruned to what the outputs need."""
+    g = plan.graph
     lw = _Lowering(g, plan)
     live = g.live()
     for nid, node in enumerate(g.nodes):
