@@ -9,7 +9,7 @@ from einsummable.errors import SimulationError
 from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.stats import stats
 from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, Output, TaskGraph
-from workloads import mlp_train
+from einsummable.workloads import mlp_train
 
 # 250 x 1000 f32 = 1e6 bytes
 BOX = ((0, 250), (0, 1000))

@@ -12,7 +12,7 @@ from einsummable.plan import exhaustive
 from einsummable.plan.cost import CostModel
 from einsummable.plan.planners import PLANNERS, choose, make_plan
 from einsummable.plan.space import spaces
-from workloads import SUITE, matmul
+from einsummable.workloads import SUITE, matmul
 
 
 def mlp(batch: int, d: int, hidden: int):
