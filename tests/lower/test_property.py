@@ -1,4 +1,4 @@
-"""The invariant of DESIGN.md §6: any graph, any partitions, any worker count, executed
+"""The invariant of docs/design.md §6: any graph, any partitions, any worker count, executed
 through the TaskGraph, equals the reference engine."""
 
 import random

@@ -1,4 +1,4 @@
-"""The cost model of DESIGN.md §5, in bytes, as numpy arrays over candidate partitions.
+"""The cost model of docs/design.md §5, in bytes, as numpy arrays over candidate partitions.
 
 A candidate is a vector of block counts, one per dimension of a node's space. The
 cost of a choice of candidates is a sum of
