@@ -225,3 +225,11 @@ def test_train_config_checks_its_fields():
     with pytest.raises(EinsummableError, match="'accum' must be int >= 1, got 0"):
         TrainConfig(accum=0)
     assert TrainConfig(lr=1).lr == 1  # an int is a number
+
+
+def test_a_save_refuses_to_replace_the_directory_it_runs_in(tmp_path, monkeypatch):
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    with pytest.raises(CheckpointError, match="holds the current directory"):
+        weights.save(".", TINY, init_params(TINY, seed=1))
+    assert list((tmp_path / "run").iterdir()) == []

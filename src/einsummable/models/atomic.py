@@ -1,16 +1,17 @@
 """Replace a checkpoint directory whole, so that a crash never leaves half of one.
 
 A save writes every file into a fresh directory beside the target
-(``.NAME.saving``), fsyncs the files and the directory, then swaps it in:
+(``.NAME.einsummable-new``), fsyncs the files and the directory, then swaps it in:
 
-    rename NAME -> .NAME.old;  rename .NAME.saving -> NAME;  remove .NAME.old
+    rename NAME -> .NAME.einsummable-old;  rename .NAME.einsummable-new -> NAME;
+    remove .NAME.einsummable-old
 
 with the parent directory fsynced after each rename. Whenever the process dies,
 one of three states is left on disk, and ``recover`` (run before every save and
 every resume) turns each into a whole checkpoint:
 
-- NAME present: it is whole (old or new); ``.saving`` / ``.old`` are leftovers.
-- NAME absent, ``.old`` present: the crash fell between the renames; ``.old``
+- NAME present: it is whole (old or new); the ``-new`` and ``-old`` ones are leftovers.
+- NAME absent, ``-old`` present: the crash fell between the renames; ``-old``
   is the previous checkpoint, whole (it is removed only once NAME exists again).
 - neither: there was never a checkpoint.
 
@@ -34,7 +35,8 @@ from einsummable.models.safetensors_io import CheckpointError
 
 
 def _siblings(target: Path) -> tuple[Path, Path]:
-    return target.with_name(f".{target.name}.saving"), target.with_name(f".{target.name}.old")
+    return (target.with_name(f".{target.name}.einsummable-new"),
+            target.with_name(f".{target.name}.einsummable-old"))
 
 
 def _resolve(directory: str | Path) -> Path:

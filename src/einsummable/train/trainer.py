@@ -264,10 +264,11 @@ def _resume_data(where: Path, recorded: dict, data: np.ndarray | None,
                  source: str | None) -> tuple[np.ndarray, str | None]:
     """The data to resume on: the given array (with a warning if it differs), or the recorded file."""
     if data is not None:
-        if checkpoint.data_digest(data) != recorded["sha256"]:
-            warnings.warn(f"resuming on different data ({source or 'an array'}, {len(data)} tokens) than the "
-                          f"checkpoint trained on ({recorded['source'] or 'an array'}, {recorded['tokens']} "
-                          "tokens)", stacklevel=3)
+        if checkpoint.data_digest(data) == recorded["sha256"]:
+            return data, source or recorded["source"]
+        warnings.warn(f"resuming on different data ({source or 'an array'}, {len(data)} tokens) than the "
+                      f"checkpoint trained on ({recorded['source'] or 'an array'}, {recorded['tokens']} "
+                      "tokens)", stacklevel=3)
         return data, source
     if recorded["source"] is None:
         raise CheckpointError(f"{where}: the run trained on an array given in Python, not a file; "
