@@ -28,8 +28,9 @@ LAB = Path(__file__).with_name("crash_lab.py")
 
 
 def trained(steps, data=None, source=None):
+    where = {} if source is None else {"data_source": source}
     t = Trainer(TINY, init_params(TINY, seed=1), SMALL, cli.corpus() if data is None else data,
-                engine="reference", data_source=source)
+                engine="reference", **where)
     for _ in range(steps):
         t.train_step()
     return t
