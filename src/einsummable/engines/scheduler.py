@@ -122,21 +122,23 @@ def run(
 
     threads = [threading.Thread(target=worker, args=(w,), daemon=True, name=f"einsummable-{w}")
                for w in range(workers)]
-    for t in threads:
-        t.start()
     # Wait on events, not Thread.join: an interrupted join marks a live thread as finished
     # (Python 3.11, bpo-45274's fix), and a second join would then return at once.
     try:
+        for t in threads:
+            t.start()
         for e in state.exited:
             e.wait()
     except BaseException:  # KeyboardInterrupt: no new task starts; wait out those under way
         state.stop()
-        for e in state.exited:
-            e.wait()
+        for t, e in zip(threads, state.exited, strict=True):
+            if t.ident is not None:  # started (one that starts later finds the stop flag)
+                e.wait()
         raise
     finally:
         for t in threads:
-            t.join()
+            if t.ident is not None:
+                t.join()
     if state.error is not None:
         i, err = state.error
         if not isinstance(err, Exception):  # a KeyboardInterrupt or SystemExit inside a task
