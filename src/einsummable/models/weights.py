@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from einsummable.ir.dtypes import to_numpy
-from einsummable.models import safetensors_io
+from einsummable.models import atomic, safetensors_io
 from einsummable.models.llama import LlamaConfig
 from einsummable.models.safetensors_io import CheckpointError
 
@@ -75,9 +75,18 @@ def load(model_dir: str | Path, dtype: str = "f32") -> tuple[LlamaConfig, dict[s
 
 def save(model_dir: str | Path, cfg: LlamaConfig, params: dict[str, np.ndarray],
          extra: dict[str, np.ndarray] | None = None) -> None:
-    """Write config.json and model.safetensors in the Hugging Face layout."""
-    model_dir = Path(model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
+    """Write config.json and model.safetensors in the Hugging Face layout.
+
+    The directory is replaced whole (see ``atomic``): a crash during the save
+    leaves the previous model as it was.
+    """
+    with atomic.replacing(model_dir) as fresh:
+        write(fresh, cfg, params, extra)
+
+
+def write(model_dir: Path, cfg: LlamaConfig, params: dict[str, np.ndarray],
+          extra: dict[str, np.ndarray] | None = None) -> None:
+    """The files of ``save``, written into an existing directory (one being assembled)."""
     (model_dir / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
     tensors = {name: to_hf(cfg, name, np.asarray(w)) for name, w in params.items()}
     safetensors_io.save(tensors | (extra or {}), model_dir / "model.safetensors")
