@@ -17,6 +17,7 @@ import string
 
 import einsummable as es
 from einsummable import Graph, Tensor, einsum, nn
+from einsummable.frontend.class_ids import mark_class_ids
 from einsummable.models.config import LlamaConfig
 
 PRESETS = {
@@ -41,6 +42,7 @@ def embed(ids: Tensor, table: Tensor) -> Tensor:
 
     ``ids`` holds token ids as floats; the kernels run this join as a gather.
     """
+    mark_class_ids(ids, table.shape[0], "token ids")  # an id out of the vocabulary would embed as zeros
     vocab = ids.graph.ramp((table.shape[0],), steps=(1.0,), dtype=ids.dtype)
     return einsum("bs,v,vd->bsd", ids, vocab, table, join="where(x0 == x1, x2, 0)", agg="add")
 

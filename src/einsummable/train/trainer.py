@@ -19,6 +19,7 @@ import numpy as np
 from einsummable.autodiff import grad
 from einsummable.autodiff.remat import rematerialize
 from einsummable.compile import compile
+from einsummable.engines.feeds import check_class_ids
 from einsummable.frontend.core import Graph
 from einsummable.frontend.einsum import einsum
 from einsummable.ir.dtypes import to_numpy
@@ -78,6 +79,7 @@ class Trainer:
     def __init__(self, model: LlamaConfig, params: dict[str, np.ndarray], cfg: TrainConfig,
                  data: np.ndarray, *, engine: str | None = None, workers: int | None = None,
                  opt_state: dict[str, np.ndarray] | None = None, step: int = 0) -> None:
+        check_class_ids("the training data", np.asarray(data), model.vocab_size, "token ids")
         self.model, self.cfg, self.data, self.step = model, cfg, data, step
         options = {"engine": engine, "workers": workers}
         residuals: list = []
