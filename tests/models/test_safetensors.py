@@ -151,3 +151,11 @@ def test_saving_over_a_mapped_file_leaves_the_loaded_arrays_unchanged(tmp_path):
     safetensors_io.save({"w": np.zeros(1000, np.float32)}, path)
     np.testing.assert_array_equal(loaded["w"], 1.0)
     np.testing.assert_array_equal(safetensors_io.load(path)["w"], 0.0)
+
+
+def test_a_device_is_not_read(tmp_path):
+    """/dev/zero would read until memory runs out; a link to it is refused as well."""
+    (tmp_path / "model.safetensors").symlink_to("/dev/zero")
+    for path in ("/dev/zero", tmp_path / "model.safetensors"):
+        with pytest.raises(CheckpointError, match="not a regular file"):
+            safetensors_io.load(path)
