@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import stat
 import struct
@@ -60,11 +61,10 @@ def load(path: str | Path) -> dict[str, np.ndarray]:
             if n > min(size - 8, MAX_HEADER):
                 raise CheckpointError(f"{path}: header claims {n} bytes but the file has {size - 8}")
             raw = f.read(n)
+            entries = _entries(path, _header(path, raw), size - 8 - n)
+            body = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)[8 + n :]
     except OSError as err:
         raise CheckpointError(f"{path}: cannot read ({err.strerror or err})") from None
-    entries = _entries(path, _header(path, raw), size - 8 - n)
-    body = (np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n, shape=(size - 8 - n,))
-            if size > 8 + n else np.zeros(0, np.uint8))
     return {name: body[lo:hi].view(dtype).reshape(shape) for name, (dtype, shape, lo, hi) in entries.items()}
 
 
