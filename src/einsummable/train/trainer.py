@@ -24,6 +24,7 @@ import numpy as np
 from einsummable.autodiff import grad
 from einsummable.autodiff.remat import rematerialize
 from einsummable.compile import compile
+from einsummable.engines.feeds import check_class_ids
 from einsummable.errors import EinsummableError
 from einsummable.frontend.core import Graph
 from einsummable.frontend.einsum import einsum
@@ -135,6 +136,7 @@ class Trainer:
                  opt_state: dict[str, np.ndarray] | None = None, step: int = 0,
                  data_source: str | None = None) -> None:
         """``data_source`` (a path, or ``BUNDLED``) is saved so that a resume can find the data."""
+        check_class_ids("the training data", np.asarray(data), model.vocab_size, "token ids")
         self.model, self.cfg, self.data, self.step = model, cfg, data, step
         self.data_record = checkpoint.data_record(data, data_source)
         options = {"engine": engine, "workers": workers}
