@@ -20,11 +20,11 @@ from einsummable.autodiff import grad
 from einsummable.errors import EinsummableError
 from einsummable.frontend.core import Graph
 from einsummable.generate import Generator
+from einsummable.hardware.cluster import Cluster
 from einsummable.models import llama, weights
 from einsummable.models import tokenizer as tokenizers
 from einsummable.models.llama import PRESETS, LlamaConfig
 from einsummable.plan import report
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.planners import make_plan
 from einsummable.progress import Progress
 from einsummable.train.trainer import BUNDLED, TrainConfig, Trainer, init_params, load_data

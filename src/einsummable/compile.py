@@ -14,10 +14,10 @@ from einsummable.engines.blocks import Blocks
 from einsummable.engines.feeds import check_feeds, check_inputs
 from einsummable.errors import EinsummableError, FeedError, PlanError
 from einsummable.frontend.core import Graph
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import TaskGraph
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.planners import make_plan
 
 Runner = Callable[..., dict[str, np.ndarray]]

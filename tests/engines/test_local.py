@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import einsummable as es
 from einsummable.engines import local, reference
-from einsummable.engines.scheduler import EngineError
+from einsummable.errors import EngineError
+from einsummable.hardware.cluster import Cluster
 from einsummable.lower.lowering import lower
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.plan import build
 from graphgen import random_graph, random_partitions
 

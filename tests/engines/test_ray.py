@@ -15,7 +15,7 @@ from test_session import mlp_step
 
 import einsummable as es
 from einsummable.engines import reference
-from einsummable.engines.scheduler import EngineError
+from einsummable.errors import EngineError
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import MoveTask
 from einsummable.plan.plan import build

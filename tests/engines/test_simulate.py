@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines.simulate import Simulation, SimulationError, kernel_kind, run
+from einsummable.engines.simulate import Simulation, kernel_kind, run
+from einsummable.errors import SimulationError
 from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.stats import stats
 from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, Output, TaskGraph
@@ -155,7 +156,7 @@ def test_the_cluster_round_trips_through_json(tmp_path):
 
 def test_calibrate_writes_a_cluster_that_loads(tmp_path, monkeypatch):
     from einsummable import cli
-    from einsummable.plan import calibrate
+    from einsummable.hardware import calibrate
 
     for name, value in (("GEMM_N", 64), ("ELEMENTS", 1 << 12), ("COPY_ELEMENTS", 1 << 12), ("REPEATS", 1)):
         monkeypatch.setattr(calibrate, name, value)

@@ -8,11 +8,11 @@ import einsummable as es
 from einsummable.engines import sequential
 from einsummable.engines.sequential import EXEC
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import NODE_KINDS
 from einsummable.lower.lowering import LOWER, lower
 from einsummable.lower.stats import stats, to_dot
 from einsummable.lower.taskgraph import TASK_KINDS, MoveTask, PartialTask, TaskGraph
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import build
 from einsummable.plan.space import SPACES

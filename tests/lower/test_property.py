@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from einsummable.engines import reference, sequential
+from einsummable.hardware.cluster import Cluster
 from einsummable.lower.lowering import lower
 from einsummable.lower.stats import stats
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.plan import build
 from graphgen import random_graph, random_partitions
 

@@ -8,8 +8,8 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "einsummable"
 ALLOWED = {
-    "plan": {"ir", "plan", "errors"},
-    "lower": {"ir", "plan", "lower", "errors"},
+    "plan": {"ir", "hardware", "plan", "errors"},
+    "lower": {"ir", "hardware", "plan", "lower", "errors"},
 }
 
 

@@ -55,29 +55,15 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from threadpoolctl import threadpool_limits
 
 from einsummable.engines import local, scheduler
-from einsummable.engines.blocks import Blocks
-from einsummable.engines.scheduler import EngineError
-from einsummable.ir.dtypes import to_numpy
+from einsummable.engines.blocks import Blocks, assemble
+from einsummable.errors import EngineError
+from einsummable.ir.box import Box, intersect, slices, within
 from einsummable.lower.taskgraph import InputTask, MoveTask, TaskGraph
 
-Box = tuple[tuple[int, int], ...]
 INLINE_BYTES = 100_000  # Ray inlines arguments this small anyway; larger moves go by ObjectRef
 TIMEOUT = 3600.0  # seconds a run may take before it is abandoned with an error
 START_TIMEOUT = 120.0  # seconds to create and set up the actors
 ABORT_GRACE = 30.0  # seconds the survivors of a failed run get to stop
-
-
-def _slices(box: Box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
-def _meet(a: Box, b: Box) -> Box | None:
-    box = tuple((max(p, r), min(q, s)) for (p, q), (r, s) in zip(a, b, strict=True))
-    return box if all(lo < hi for lo, hi in box) else None
-
-
-def _within(inner: Box, outer: Box) -> Box:
-    return tuple((lo - o, hi - o) for (lo, hi), (o, _) in zip(inner, outer, strict=True))
 
 
 class _Aborted(Exception):
@@ -176,7 +162,7 @@ class _Part:
 
 
 def _sender(t: int, task: MoveTask):
-    box = _slices(task.box)
+    box = slices(task.box)
 
     def send(args, run):
         run.send(task.loc, ("move", t), args[0][box])
@@ -231,7 +217,7 @@ class _Worker:
         ctx = _Run(pid, run, {}, variables, self.mailbox, self.peers[pid], timeout)
         try:
             for key, box, dest, msg in sends:  # resident pieces others read: send before waiting on any
-                ctx.send(dest, msg, self.store[key][_slices(box)])
+                ctx.send(dest, msg, self.store[key][slices(box)])
             ctx.feeds = {name: Blocks(shape, dtype, {box: self._piece(ctx, source) for box, source in pieces})
                          for name, (shape, dtype, pieces) in feeds.items()}
             keep = {part.index[t] for t in fetch} | {part.index[t] for t, _ in carry}
@@ -276,7 +262,8 @@ class RayBlocks(Blocks):
 
     def get(self, box: Box) -> np.ndarray:
         self.program.check_resident(self)
-        wanted = [(have, w, key) for have, (w, _, key) in self.where.items() if not box or _meet(have, box)]
+        wanted = [(have, w, key) for have, (w, _, key) in self.where.items()
+                  if intersect(have, box) is not None]
         refs = [self.program.actors[w].get.remote([key]) for _, w, key in wanted]
         try:
             arrays = ray.get(refs, timeout=self.program.timeout)
@@ -314,11 +301,21 @@ def connect(address: str | None = None) -> None:
         ray.init(address=address, log_to_driver=False, configure_logging=False)
 
 
-def nodes(machines: int) -> list[dict]:
-    """The Ray nodes that host the plan's machines: live, with CPUs, the driver's node first."""
+def live_nodes(address: str | None = None) -> list[dict]:
+    """The live Ray nodes with CPUs, the driver's node first (joining the cluster if not yet joined).
+
+    ``es.Cluster.from_ray`` reads the cluster's shape from these, so plan and engine agree.
+    """
+    connect(address)
     here = ray.get_runtime_context().get_node_id()
     alive = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1]
     alive.sort(key=lambda n: (n["NodeID"] != here, n["NodeID"]))
+    return alive
+
+
+def nodes(machines: int) -> list[dict]:
+    """The Ray nodes that host the plan's machines."""
+    alive = live_nodes()
     if len(alive) < machines:
         raise EngineError(f"the plan has {machines} machines but the Ray cluster has {len(alive)} live "
                           "node(s) with CPUs; plan with es.Cluster.from_ray()")
@@ -418,11 +415,8 @@ class RayProgram:
                 where = {box: (self.tg.tasks[t].loc, self.generation[self.tg.tasks[t].loc],
                                (self.pid, run, name, box)) for t, box in out.blocks}
                 result[name] = RayBlocks(self, name, out.shape, out.dtype, where)
-                continue
-            array = np.empty(out.shape, dtype=to_numpy(out.dtype))
-            for t, box in out.blocks:
-                array[_slices(box)] = values[t]
-            result[name] = array
+            else:
+                result[name] = assemble(out, values)
         return result
 
     def _feeds(self, feeds: dict[str, object]) -> tuple[dict[int, dict], dict[int, list]]:
@@ -433,19 +427,19 @@ class RayProgram:
             for name, box, dtype in wanted:
                 value = feeds[name]
                 if not (isinstance(value, RayBlocks) and value.program is self):
-                    piece = value.get(box) if isinstance(value, Blocks) else value[_slices(box)]
+                    piece = value.get(box) if isinstance(value, Blocks) else value[slices(box)]
                     pieces = [(box, ("feed", np.asarray(piece)))]
                 else:
                     pieces = []
                     for have, (holder, _, key) in value.where.items():
-                        meet = _meet(have, box) if box else ()
+                        meet = intersect(have, box)
                         if meet is None:
                             continue
                         if holder == w:
                             pieces.append((have, ("store", key)))
                         else:
                             msg = ("resident", name, meet)
-                            sends[holder].append((key, _within(meet, have), w, msg))
+                            sends[holder].append((key, within(meet, have), w, msg))
                             pieces.append((meet, ("msg", msg)))
                 entry = inputs[w].setdefault(name, (value.shape, dtype, []))
                 entry[2].extend(p for p in pieces if p[0] not in {q[0] for q in entry[2]})

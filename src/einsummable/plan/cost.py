@@ -30,8 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Fill
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.space import Space, nbytes
 
 FORBIDDEN = 1e30

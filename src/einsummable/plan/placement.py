@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.partition import Partition
 from einsummable.plan.space import Space
 from einsummable.plan.traffic import EdgeCost, Holders, block_indices, edge_cost, flops_per_block, holders
