@@ -1,5 +1,6 @@
 """The shared dependency loop: random DAGs on random worker counts, errors, freeing."""
 
+import signal
 import threading
 import time
 
@@ -107,11 +108,13 @@ def _workers_alive():
     return [t for t in threading.enumerate() if t.name.startswith("einsummable-") and t.is_alive()]
 
 
+ctrl_c = pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+
+
+@ctrl_c
 def test_ctrl_c_stops_the_workers_within_one_kernel():
     """KeyboardInterrupt in the caller (as Ctrl-C delivers it) stops the run: no task starts
     after it, and the workers are gone when the exception reaches the caller."""
-    import signal
-
     main = threading.main_thread().ident
     kernel = 0.05
     started, interrupted = [], []
@@ -146,9 +149,8 @@ def test_a_keyboard_interrupt_inside_a_task_stays_a_keyboard_interrupt():
     assert not _workers_alive()
 
 
+@ctrl_c
 def test_ctrl_c_during_a_compiled_program_leaves_no_worker_running(monkeypatch):
-    import signal
-
     import numpy as np
 
     import einsummable as es

@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--data", help="a text file (default: the bundled corpus; with --resume, the data the "
                                       "checkpoint trained on, which must be unchanged)")
     train.add_argument("--resume", help="a checkpoint directory written by train or demo")
-    train.add_argument("--steps", type=int, default=None, help=(
+    train.add_argument("--steps", type=int, default=None, metavar="N", help=(
         "the step to train up to (a total, not a count of more steps): a new run trains N steps; with "
         "--resume the run goes on from its checkpoint's step to step N, the cosine schedule stretched to "
         "end at N (default: the config's, or the checkpoint's)"))

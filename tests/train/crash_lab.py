@@ -46,8 +46,11 @@ class Calls:
             if half is not None:
                 half()
             os.kill(os.getpid(), signal.SIGKILL)
-        if isinstance(name, int):  # fsync's file descriptor
-            name = os.readlink(f"/proc/self/fd/{name}")
+        if isinstance(name, int):  # fsync's file descriptor: its path where /proc tells it
+            try:
+                name = os.readlink(f"/proc/self/fd/{name}")
+            except OSError:
+                name = f"fd{name}"
         self.log.append((kind, os.path.basename(str(name))))
 
 

@@ -14,10 +14,9 @@ import pytest
 
 import einsummable
 from einsummable import cli
-from einsummable.errors import EinsummableError
+from einsummable.errors import CheckpointError, EinsummableError
 from einsummable.models import safetensors_io, weights
 from einsummable.models.llama import LlamaConfig
-from einsummable.models.safetensors_io import CheckpointError
 from einsummable.train import checkpoint
 from einsummable.train.trainer import TrainConfig, Trainer, init_params
 

@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from einsummable.models.safetensors_io import CheckpointError
+from einsummable.errors import CheckpointError
 
 
 def _siblings(target: Path) -> tuple[Path, Path]:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from einsummable.errors import CheckpointError
 from einsummable.models import atomic
-from einsummable.models.safetensors_io import CheckpointError
 
 META = "trainer.json"
 FILES = ("config.json", "model.safetensors", "optimizer.safetensors")

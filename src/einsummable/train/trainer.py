@@ -25,13 +25,12 @@ from einsummable.autodiff import grad
 from einsummable.autodiff.remat import rematerialize
 from einsummable.compile import compile
 from einsummable.engines.feeds import check_class_ids
-from einsummable.errors import EinsummableError
+from einsummable.errors import CheckpointError, EinsummableError
 from einsummable.frontend.core import Graph
 from einsummable.frontend.einsum import einsum
 from einsummable.ir.dtypes import to_numpy
 from einsummable.models import atomic, llama, safetensors_io, weights
 from einsummable.models.llama import LlamaConfig
-from einsummable.models.safetensors_io import CheckpointError
 from einsummable.train import checkpoint
 from einsummable.train.optim import STEP, TrainStep, adamw
 
