@@ -82,6 +82,8 @@ MALFORMED = {  # the issue's cases first: what today escapes as a raw exception 
     "negative scaling factor": (dict(rope_parameters={"rope_type": "linear", "factor": -2.0,
                                                       "rope_theta": 1e4}), "factor"),
     "two thetas": (dict(rope_theta=500000.0), "rope_theta"),
+    "two rope types": (dict(rope_parameters={"rope_type": "linear", "type": "llama3", "factor": 2.0}),
+                       "'linear' and type 'llama3'"),
     "rope not an object": (dict(rope_parameters="linear"), "rope_scaling"),
 }
 

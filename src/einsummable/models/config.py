@@ -172,8 +172,9 @@ def _rope_scaling(rope: dict, max_positions: int) -> RopeScaling | None:
     """RopeScaling from Hugging Face's dict (``type`` or ``rope_type``); None for the default RoPE."""
     rope = dict(rope)
     kind = rope.pop("rope_type", rope.get("type"))
-    if "type" in rope and rope.pop("type") != kind:
-        raise ConfigError(f"rope_scaling gives two types, {kind!r} and {rope.get('type')!r}")
+    legacy = rope.pop("type", kind)  # transformers' older name for rope_type
+    if legacy != kind:
+        raise ConfigError(f"rope_scaling gives two types, rope_type {kind!r} and type {legacy!r}")
     if rope.pop("partial_rotary_factor", 1.0) != 1.0:
         raise ConfigError("rope_scaling.partial_rotary_factor other than 1 is not supported")
     if kind in (None, "default"):
