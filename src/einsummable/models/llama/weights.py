@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from einsummable.errors import CheckpointError
 from einsummable.ir.dtypes import to_numpy
-from einsummable.models import safetensors_io
-from einsummable.models.llama import LlamaConfig
-from einsummable.models.safetensors_io import CheckpointError
+from einsummable.models.llama import safetensors_io
+from einsummable.models.llama.model import LlamaConfig
 
 
 def to_ours(cfg: LlamaConfig, name: str, w: np.ndarray) -> np.ndarray:
