@@ -16,29 +16,27 @@ from pathlib import Path
 
 import numpy as np
 
-from einsummable.autodiff import grad
 from einsummable.errors import EinsummableError
 from einsummable.frontend.core import Graph
-from einsummable.generate import Generator
 from einsummable.hardware.cluster import Cluster
-from einsummable.models import llama, weights
-from einsummable.models import tokenizer as tokenizers
-from einsummable.models.llama import PRESETS, LlamaConfig
+from einsummable.models.llama import model as llama
+from einsummable.models.llama import tokenizer as tokenizers
+from einsummable.models.llama import weights
+from einsummable.models.llama.data import BUNDLED, corpus, load_data
+from einsummable.models.llama.generate import Generator
+from einsummable.models.llama.model import PRESETS, LlamaConfig, init_params
 from einsummable.plan import report
 from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
 from einsummable.progress import Progress
-from einsummable.train.trainer import BUNDLED, TrainConfig, Trainer, init_params, load_data
+from einsummable.train.grads import output_gradients
+from einsummable.train.trainer import TrainConfig, Trainer
 
 DEMO_MODEL = PRESETS["demo"]
 DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=400, lr=3e-3, min_lr=3e-4, warmup=30)
 
 
 COMPARE_UP_TO = 512  # placing all four baselines for 2048 workers takes minutes
-
-
-def corpus() -> np.ndarray:
-    return load_data(BUNDLED)
 
 
 def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:
@@ -195,8 +193,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     cluster = Cluster(machines=args.machines, cores=args.cores)
     if args.mode == "train":
         g, p, loss = llama.loss_graph(cfg, args.batch, args.seq)
-        for name, d in zip(p, grad(loss, list(p.values())), strict=True):
-            g.output("grad:" + name, d)
+        output_gradients(g, loss, p)
         g.output("loss", loss)
     else:
         g = Graph()

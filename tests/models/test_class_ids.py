@@ -9,9 +9,9 @@ import pytest
 import einsummable as es
 from einsummable.autodiff.remat import rematerialize
 from einsummable.errors import FeedError
-from einsummable.models import llama
-from einsummable.models.llama import LlamaConfig
-from einsummable.train.trainer import TrainConfig, Trainer, init_params
+from einsummable.models.llama import LlamaConfig, init_params
+from einsummable.models.llama import model as llama
+from einsummable.train.trainer import TrainConfig, Trainer
 
 torch = pytest.importorskip("torch")
 

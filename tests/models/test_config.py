@@ -8,10 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from einsummable.models import safetensors_io, weights
-from einsummable.models.config import ConfigError, LlamaConfig, RopeScaling
-from einsummable.models.safetensors_io import CheckpointError
-from einsummable.train.trainer import init_params
+from einsummable.errors import CheckpointError, ConfigError
+from einsummable.models.llama import init_params, safetensors_io, weights
+from einsummable.models.llama.config import LlamaConfig, RopeScaling
 
 transformers = pytest.importorskip("transformers")
 

@@ -8,8 +8,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import einsummable as es  # noqa: E402
-from einsummable.generate import Generator  # noqa: E402
-from einsummable.models import llama, weights  # noqa: E402
+from einsummable.models.llama import model as llama  # noqa: E402
+from einsummable.models.llama import weights  # noqa: E402
+from einsummable.models.llama.generate import Generator  # noqa: E402
 
 SEQ = 24  # long enough that the scaled low frequencies turn the logits by more than 1e-4
 # head_dim 16, theta 1e4: wavelengths 6.3, 20, 63, 199, 628, ... For llama3 with old = 256,

@@ -12,8 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from einsummable.models import safetensors_io
-from einsummable.models.safetensors_io import CheckpointError
+from einsummable.errors import CheckpointError
+from einsummable.models.llama import safetensors_io
 
 st = pytest.importorskip("safetensors.numpy")
 

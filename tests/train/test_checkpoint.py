@@ -15,10 +15,9 @@ import pytest
 import einsummable
 from einsummable import cli
 from einsummable.errors import CheckpointError, EinsummableError
-from einsummable.models import safetensors_io, weights
-from einsummable.models.llama import LlamaConfig
+from einsummable.models.llama import LlamaConfig, init_params, safetensors_io, weights
 from einsummable.train import checkpoint
-from einsummable.train.trainer import TrainConfig, Trainer, init_params
+from einsummable.train.trainer import TrainConfig, Trainer
 
 TINY = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                    num_attention_heads=2, num_key_value_heads=1)

@@ -16,12 +16,10 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-from einsummable.autodiff import grad
 from einsummable.autodiff.remat import rematerialize
 from einsummable.compile import compile
 from einsummable.engines.feeds import check_class_ids
@@ -29,12 +27,14 @@ from einsummable.errors import CheckpointError, EinsummableError
 from einsummable.frontend.core import Graph
 from einsummable.frontend.einsum import einsum
 from einsummable.ir.dtypes import to_numpy
-from einsummable.models import atomic, llama, safetensors_io, weights
-from einsummable.models.llama import LlamaConfig
+from einsummable.models import atomic
+from einsummable.models.llama import model as llama
+from einsummable.models.llama import safetensors_io, weights
+from einsummable.models.llama.data import load_data
+from einsummable.models.llama.model import LlamaConfig
 from einsummable.train import checkpoint
+from einsummable.train.grads import grad_name, output_gradients
 from einsummable.train.optim import STEP, TrainStep, adamw
-
-BUNDLED = "bundled:corpus.txt"  # the data source of runs on the corpus shipped with the package
 
 
 @dataclass(frozen=True)
@@ -89,17 +89,6 @@ _SETTING = {"int": _is_int, "float": _is_real, "float | None": lambda x: x is No
 _AT_LEAST = {"batch": 1, "seq": 1, "steps": 1, "accum": 1, "warmup": 0, "seed": 0}
 
 
-def load_data(source: str) -> np.ndarray:
-    """Byte-level tokens of a text file, or of the bundled corpus (``BUNDLED``)."""
-    if source == BUNDLED:
-        corpus = resources.files("einsummable").joinpath("data/corpus.txt")
-        return np.frombuffer(corpus.read_bytes(), dtype=np.uint8)
-    try:
-        return np.frombuffer(Path(source).read_bytes(), dtype=np.uint8)
-    except OSError as err:
-        raise EinsummableError(f"cannot read the training data {source}: {err.strerror}") from None
-
-
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warmup, then cosine decay to ``min_lr`` at ``steps``."""
     if step < cfg.warmup:
@@ -117,18 +106,6 @@ def batch_at(data: np.ndarray, cfg: TrainConfig, step: int, micro: int = 0) -> n
     return np.stack([data[s : s + cfg.seq + 1] for s in starts]).astype(np.float32)
 
 
-def init_params(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """Normal(0, 0.02) weights and unit norms, as Hugging Face initialises Llama."""
-    rng = np.random.default_rng(seed)
-    params = {}
-    for name, shape in cfg.parameter_shapes().items():
-        if name.endswith("norm.weight"):
-            params[name] = np.ones(shape, np.float32)
-        else:
-            params[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
-    return params
-
-
 class Trainer:
     def __init__(self, model: LlamaConfig, params: dict[str, np.ndarray], cfg: TrainConfig,
                  data: np.ndarray, *, engine: str | None = None, workers: int | None = None,
@@ -144,8 +121,7 @@ class Trainer:
         if cfg.accum == 1:
             self.update = self._optimizer(g, p, loss)
         else:
-            for name, d in zip(p, grad(loss, list(p.values())), strict=True):
-                g.output("grad:" + name, d)
+            output_gradients(g, loss, p)
             g.output("loss", loss)
             self.micro = compile(self._remat(g, loss, residuals), **options)
             u = Graph()
@@ -153,7 +129,7 @@ class Trainer:
             objective = None
             for name, w in up.items():
                 letters = "abcdefgh"[: w.ndim]
-                term = einsum(f"{letters},{letters}->", u.input("grad:" + name, w.shape, w.dtype), w)
+                term = einsum(f"{letters},{letters}->", u.input(grad_name(name), w.shape, w.dtype), w)
                 objective = term if objective is None else objective + term
             self.update = self._optimizer(u, up, objective)
         graph = self._remat(g, loss, residuals) if cfg.accum == 1 else self.update_graph
@@ -209,9 +185,9 @@ class Trainer:
                 out = self.micro.run(params | {"tokens": tokens})
                 total += float(out["loss"])
                 for name in self.update.params:
-                    d = out["grad:" + name] / self.cfg.accum
+                    d = out[grad_name(name)] / self.cfg.accum
                     grads[name] = grads[name] + d if name in grads else d
-            self.session.run({"grad:" + n: d for n, d in grads.items()} | {"lr": lr}, fetch=[])
+            self.session.run({grad_name(n): d for n, d in grads.items()} | {"lr": lr}, fetch=[])
             loss = total / self.cfg.accum
         self.step += 1
         self.losses.append(loss)

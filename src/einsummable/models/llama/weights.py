@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 
+from einsummable.errors import CheckpointError, ConfigError
 from einsummable.ir.dtypes import to_numpy
-from einsummable.models import atomic, safetensors_io
-from einsummable.models.config import ConfigError, LlamaConfig
-from einsummable.models.safetensors_io import CheckpointError
+from einsummable.models import atomic
+from einsummable.models.llama import safetensors_io
+from einsummable.models.llama.config import LlamaConfig
 
 
 def hf_shape(cfg: LlamaConfig, name: str) -> tuple[int, ...]:

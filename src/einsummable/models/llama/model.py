@@ -15,10 +15,12 @@ import itertools
 import math
 import string
 
+import numpy as np
+
 import einsummable as es
 from einsummable import Graph, Tensor, einsum, nn
 from einsummable.frontend.class_ids import mark_class_ids
-from einsummable.models.config import LlamaConfig
+from einsummable.models.llama.config import LlamaConfig
 
 PRESETS = {
     "tiny": LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -213,3 +215,15 @@ def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
     logits = forward(cfg, p, ids, pos, None, residuals)
     loss = nn.cross_entropy(logits.astype("f32") if dtype != "f32" else logits, targets)
     return g, p, loss
+
+
+def init_params(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Normal(0, 0.02) weights and unit norms, as Hugging Face initialises Llama."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in cfg.parameter_shapes().items():
+        if name.endswith("norm.weight"):
+            params[name] = np.ones(shape, np.float32)
+        else:
+            params[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    return params
