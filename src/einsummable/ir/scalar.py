@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from einsummable.errors import ExprError
-from einsummable.ir.dtypes import DEFAULT, DTYPES, to_numpy
+from einsummable.ir.dtypes import DEFAULT, DTYPES
 from einsummable.ir.expr import (
     ONE,
     ZERO,
@@ -438,125 +438,8 @@ def _variable(name: str, variables: dict[str, float] | None) -> float:
 # ---------------------------------------------------------------- lowering
 
 
-class Compiled:
-    """A join lowered to a short sequence of numpy ufunc calls over ``out=`` buffers.
+def compile_expr(e: Expr | str, input_dtypes: Sequence[str]):
+    """The join as numpy ufunc steps (``compiled.Compiled``)."""
+    from einsummable.ir.compiled import Compiled  # it builds on this module
 
-    Temporaries are reused once dead, and single-ufunc steps run in place.
-    """
-
-    def __init__(self, e: Expr, input_dtypes: Sequence[str]) -> None:
-        self.expr = parse(e)
-        self.input_dtypes = tuple(input_dtypes)
-        self.dtype = result_dtype(self.expr, self.input_dtypes)
-        self.kind = classify(self.expr)
-        self._steps: list[tuple] = []
-        self._plans: dict[tuple, list[tuple[int, ...]]] = {}
-        memo: dict[Expr, tuple] = {}
-        self._root = self._lower(self.expr, memo)
-        last_use: dict[int, int] = {}
-        for k, (_, args, _, _) in enumerate(self._steps):
-            for ref in args:
-                if ref[0] == "reg":
-                    last_use[ref[1]] = k
-        # dict.fromkeys: a step may read one register twice, as in add(t, t); it dies once.
-        self._dies = [
-            list(dict.fromkeys(ref[1] for ref in args if ref[0] == "reg" and last_use[ref[1]] == k))
-            for k, (_, args, _, _) in enumerate(self._steps)
-        ]
-
-    def _shapes(self, inputs: tuple[tuple[int, ...], ...]) -> list[tuple[int, ...]]:
-        """Each step's broadcast shape, once per input shapes: ``np.broadcast_shapes`` is
-        slow enough to matter over the thousands of blocks a step runs."""
-        shapes = self._plans.get(inputs)
-        if shapes is None:
-            shapes = []
-            for _, args, _, _ in self._steps:
-                shapes.append(np.broadcast_shapes(
-                    *(inputs[v] if kind == "in" else shapes[v] for kind, v in args if kind in ("in", "reg"))))
-            self._plans[inputs] = shapes
-        return shapes
-
-    def _lower(self, e: Expr, memo: dict[Expr, tuple]) -> tuple:
-        if e in memo:
-            return memo[e]
-        if isinstance(e, Input):
-            ref = ("in", e.index)
-        elif isinstance(e, Const):
-            ref = ("const", e.value)
-        elif isinstance(e, Var):
-            ref = ("var", e.name)
-        elif is_call(e, "stop_gradient"):
-            ref = self._lower(e.args[0], memo)  # a value identity: no pass over the data
-        else:
-            args = tuple(self._lower(k, memo) for k in children(e))
-            dtype = dtype_of(e, self.input_dtypes) or self.dtype
-            if isinstance(e, Cast):
-                rule_kernel, inplace = _cast_kernel, False
-            else:
-                rule = OPS[e.op]
-                rule_kernel, inplace = rule.kernel, rule.inplace
-                if e.op == "pow":
-                    args = (args[0], ("scalar", e.args[1].value))
-            self._steps.append((rule_kernel, args, to_numpy(dtype), inplace))
-            ref = ("reg", len(self._steps) - 1)
-        memo[e] = ref
-        return ref
-
-    def __call__(
-        self,
-        *arrays: np.ndarray,
-        out: np.ndarray | None = None,
-        variables: dict[str, float] | None = None,
-    ) -> np.ndarray:
-        regs: dict[int, np.ndarray] = {}
-        pool: dict[tuple, list[np.ndarray]] = {}
-
-        def value(ref: tuple):
-            kind, v = ref
-            if kind == "in":
-                return arrays[v]
-            if kind == "reg":
-                return regs[v]
-            if kind == "var":
-                return _variable(v, variables)
-            return v
-
-        if self._root[0] != "reg":
-            result = value(self._root)
-            if out is None:
-                return np.array(result, dtype=to_numpy(self.dtype))
-            np.copyto(out, result, casting="unsafe")
-            return out
-        n = len(self._steps)
-        shapes = self._shapes(tuple(np.shape(a) for a in arrays))
-        for k, (kernel, args, dtype, inplace) in enumerate(self._steps):
-            vals = [value(a) for a in args]
-            shape = shapes[k]
-            key = (shape, dtype)
-            if inplace:
-                for r in self._dies[k]:
-                    pool.setdefault((regs[r].shape, regs[r].dtype), []).append(regs.pop(r))
-            if k == n - 1 and out is not None and out.shape == shape and out.dtype == dtype:
-                buf = out
-            elif pool.get(key):
-                buf = pool[key].pop()
-            else:
-                buf = np.empty(shape, dtype=dtype)
-            kernel(buf, *vals)
-            regs[k] = buf
-            if not inplace:
-                for r in self._dies[k]:
-                    pool.setdefault((regs[r].shape, regs[r].dtype), []).append(regs.pop(r))
-        result = regs[n - 1]
-        if out is not None and result is not out:
-            np.copyto(out, result, casting="unsafe")
-            return out
-        return result
-
-
-def _cast_kernel(out: np.ndarray, a: np.ndarray) -> None:
-    np.copyto(out, a, casting="unsafe")
-
-
-def compile_expr(e: Expr | str, input_dtypes: Sequence[str]) -> Compiled:
     return Compiled(parse(e), input_dtypes)
