@@ -69,7 +69,7 @@ def _evaluate(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | N
     if math.prod(op.join_shape) > JOIN_LIMIT and op.out_rank and op.join_shape[0] > 1:
         return _in_slabs(op, arrays, variables)
     views = [_align(a, idx, op.join_shape) for a, idx in zip(arrays, op.inputs, strict=True)]
-    joined = compiled(op.join, op.dtypes)(*views, variables=variables, wide=True)
+    joined = compiled(op.join, op.dtypes)(*views, variables=variables, wide=op.agg is not None)
     if op.agg is not None:
         joined = REDUCE[op.agg].reduce(joined, axis=op.aggregated, dtype=accumulator(op))
     return joined
@@ -195,7 +195,7 @@ def _body(op: Einsummable) -> Kernel:
         def body(arrays, variables):
             views = [a.transpose(axes).reshape(shape).transpose(order)
                      for a, (axes, shape) in zip(arrays, aligned, strict=True)]
-            result = fn(*views, variables=variables, wide=True)
+            result = fn(*views, variables=variables, wide=reduce is not None)
             return (reduce(result, axis=summed, dtype=acc) if reduce else result).transpose(back)
 
     return body
