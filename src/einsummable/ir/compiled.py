@@ -17,7 +17,7 @@ import numpy as np
 
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, children
-from einsummable.ir.scalar import _variable, classify, dtype_of, parse, result_dtype
+from einsummable.ir.scalar import _variable, dtype_of, parse, result_dtype
 from einsummable.ir.scalar_ops import OPS, is_call
 
 HALF = ("f16", "bf16")
@@ -39,7 +39,6 @@ class Compiled:
         self.expr = parse(e)
         self.input_dtypes = tuple(input_dtypes)
         self.dtype = result_dtype(self.expr, self.input_dtypes)
-        self.kind = classify(self.expr)
         # the inputs computed in f32 (None: as they come)
         self._widen = tuple(WIDE if d in HALF else None for d in self.input_dtypes)
         self._steps: list[tuple] = []
@@ -176,3 +175,7 @@ def _rounding(half: np.dtype):
         np.copyto(out, np.asarray(a).astype(half), casting="unsafe")
 
     return kernel
+
+
+def compile_expr(e: Expr | str, input_dtypes: Sequence[str]) -> Compiled:
+    return Compiled(parse(e), input_dtypes)

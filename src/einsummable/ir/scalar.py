@@ -390,29 +390,7 @@ def _d(e: Expr, i: int) -> Expr:
     return total
 
 
-# ---------------------------------------------------------------- classification
-
-
-def classify(e: Expr) -> str | None:
-    """Name the common forms kernels can hand to BLAS or skip entirely."""
-    x0, x1 = Input(0), Input(1)
-    if e == x0:
-        return "identity"
-    if isinstance(e, Call) and e.op in ("mul", "add") and set(e.args) == {x0, x1}:
-        return "product" if e.op == "mul" else "sum"
-    if is_call(e, "mul") and x0 in e.args:
-        other = e.args[1] if e.args[0] == x0 else e.args[0]
-        if isinstance(other, Const | Var):
-            return "scale"
-    return None
-
-
-def scale_factor(e: Expr, variables: dict[str, float] | None = None) -> float:
-    """The constant c of a ``scale`` join c * x0."""
-    other = e.args[1] if e.args[0] == Input(0) else e.args[0]
-    if isinstance(other, Const):
-        return other.value
-    return _variable(other.name, variables)
+# ---------------------------------------------------------------- run-time values
 
 
 def constant_value(e: Expr, variables: dict[str, float] | None = None) -> float | complex:
@@ -433,13 +411,3 @@ def _variable(name: str, variables: dict[str, float] | None) -> float:
     if variables is None or name not in variables:
         raise ExprError(f"run-time variable {name!r} was not given a value")
     return float(variables[name])
-
-
-# ---------------------------------------------------------------- lowering
-
-
-def compile_expr(e: Expr | str, input_dtypes: Sequence[str]):
-    """The join as numpy ufunc steps (``compiled.Compiled``)."""
-    from einsummable.ir.compiled import Compiled  # it builds on this module
-
-    return Compiled(parse(e), input_dtypes)

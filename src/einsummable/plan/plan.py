@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.partition import Partition
 from einsummable.plan.placement import Summary, place
 from einsummable.plan.space import Space, spaces

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph
 from einsummable.plan import baselines, eindecomp
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan, build
