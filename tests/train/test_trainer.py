@@ -10,6 +10,7 @@ from einsummable import cli
 from einsummable.errors import CheckpointError
 from einsummable.models import safetensors_io
 from einsummable.models.llama import LlamaConfig
+from einsummable.train import checkpoint
 from einsummable.train import trainer as trainer_mod
 from einsummable.train.trainer import TrainConfig, Trainer, init_params, lr_at
 
@@ -90,6 +91,10 @@ def test_mismatched_optimizer_state_names_the_tensor(tmp_path):
     state = safetensors_io.load(tmp_path / "optimizer.safetensors")
     state["model.norm.weight.m"] = np.zeros(3, np.float32)
     safetensors_io.save(state, tmp_path / "optimizer.safetensors")
+    with pytest.raises(CheckpointError, match=r"optimizer\.safetensors is not the file saved"):
+        Trainer.resume(tmp_path, cli.corpus(), engine="reference")
+    meta = json.loads((tmp_path / "trainer.json").read_text())  # record the bad file as the saved one
+    checkpoint.write(tmp_path, meta["step"], meta["train"], meta["losses"], meta["data"])
     with pytest.raises(CheckpointError, match=r"model\.norm\.weight\.m"):
         Trainer.resume(tmp_path, cli.corpus(), engine="reference")
     (tmp_path / "trainer.json").unlink()
