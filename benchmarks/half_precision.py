@@ -122,7 +122,8 @@ def case_llama(hidden=512, layers=4):
     import torch
     import transformers
 
-    from einsummable.models import llama, weights
+    from einsummable.models.llama import model as llama
+    from einsummable.models.llama import weights
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=hidden, intermediate_size=hidden * 2,

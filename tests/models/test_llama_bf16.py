@@ -13,8 +13,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import einsummable as es  # noqa: E402
-from einsummable.generate import Generator  # noqa: E402
-from einsummable.models import llama, weights  # noqa: E402
+from einsummable.models.llama import model as llama  # noqa: E402
+from einsummable.models.llama import weights  # noqa: E402
+from einsummable.models.llama.generate import Generator  # noqa: E402
 
 
 @pytest.fixture(scope="module")
