@@ -1,6 +1,6 @@
 """The half-precision cases of issue 15 (item 1) and the all -inf logsumexp (item 12).
 
-Run: PYTHONPATH=src python benchmarks/half_precision.py [--llama]
+Run: PYTHONPATH=src python benchmarks/half_precision.py [--llama [--hidden 512 --layers 4]]
 Prints, per case, what the reference engine and the local engine on 1 and 3 workers
 give, next to the expected value: an f64 numpy computation on the same half-precision
 inputs or, for the Llama rows, what transformers' own bf16 run gives. Run it against another
@@ -156,7 +156,9 @@ def agree(a, b) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--llama", action="store_true", help="also the bf16 Llama (d=512, 4 layers)")
+    ap.add_argument("--llama", action="store_true", help="also a bf16 Llama against transformers")
+    ap.add_argument("--hidden", type=int, default=512, help="the Llama's hidden size")
+    ap.add_argument("--layers", type=int, default=4, help="the Llama's layers")
     args = ap.parse_args()
     cases = [case_sum, case_mean, case_softmax_rowsum,
              lambda: case_rmsnorm(BF16, 1.0, "rmsnorm, bf16, width 4096: relative error"),
@@ -170,7 +172,7 @@ def main() -> None:
         except Exception as err:  # a case the checkout cannot run at all
             rows.append((getattr(case, "__name__", "case"), [f"{type(err).__name__}"] * 3, float("nan")))
     if args.llama:
-        rows.extend(case_llama())
+        rows.extend(case_llama(args.hidden, args.layers))
     print(f"{'case':<62} {'reference':>11} {'local w=1':>11} {'local w=3':>11} {'expected':>10}")
     for name, values, want in rows:
         cells = " ".join(f"{v:>11.4g}" if isinstance(v, float) else f"{v:>11}" for v in values)
