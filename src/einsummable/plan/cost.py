@@ -79,19 +79,27 @@ def compute_target(sp: Space, p: int, cluster: Cluster, touched: float = 0.0) ->
     return 1
 
 
+def op_targets(g: EinGraph, spaces: Sequence[Space], p: int, cluster: Cluster,
+               node_bytes: Sequence[float]) -> list[int]:
+    """The block count of every op (``compute_target``); 1 for every other node."""
+    touched = [node_bytes[v] + sum(node_bytes[u] for u in node.inputs) for v, node in enumerate(g.nodes)]
+    return [compute_target(sp, p, cluster, touched[v]) if sp.kind == "compute" else 1
+            for v, sp in enumerate(spaces)]
+
+
 class CostModel:
     """Candidates, unary costs and edge costs for one graph at one worker count."""
 
     def __init__(self, g: EinGraph, spaces: Sequence[Space], p: int, cluster: Cluster,
-                 live: Sequence[bool]) -> None:
+                 live: Sequence[bool], node_bytes: Sequence[float] | None = None) -> None:
+        """``node_bytes`` overrides each node's output bytes: the inner level of a two-level
+        plan costs one machine's block of every node (plan/twolevel.py)."""
         self.g, self.spaces, self.p = g, spaces, p
-        self.bytes = [float(nbytes(n)) for n in g.nodes]
+        self.bytes = [float(b) for b in node_bytes] if node_bytes is not None else [
+            float(nbytes(n)) for n in g.nodes]
         self._cache: dict[tuple, np.ndarray] = {}
         self._arrays: dict[tuple, np.ndarray] = {}
-        touched = [self.bytes[v] + sum(self.bytes[u] for u in node.inputs) for v, node in enumerate(g.nodes)]
-        targets = [compute_target(sp, p, cluster, touched[v]) if sp.kind == "compute" else 1
-                   for v, sp in enumerate(spaces)]
-        self.targets = targets
+        self.targets = targets = op_targets(g, spaces, p, cluster, self.bytes)
         sizes = sorted(set(divisors(p)) | {t for t, ok in zip(targets, live, strict=True) if ok})
         self.cands: list[np.ndarray] = []
         self.follow: dict[int, np.ndarray] = {}  # formation: its candidate per einsummable candidate

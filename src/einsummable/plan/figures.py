@@ -1,0 +1,93 @@
+"""The figures of a two-level plan, computed at two small scales instead of per core.
+
+- Across machines: the bytes of the level-1 cost model (cost.py over the machines,
+  one copy per machine: the cores of a machine share what it receives), each
+  charged to the NIC out of the machines holding the producer and the NIC in of the
+  machines running the reader (block b of a node on machine b % machines).
+- Within a machine: the inner cost model's bytes for one machine, times the machines.
+- Compute: every block's kernel seconds on its core (summary.node_seconds), with
+  the block layout of twolevel.locations, summed per core.
+So a plan for 32 × 64 workers costs blocks × 32 and blocks × 64, never × 2048.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from einsummable.ir.graph import EinGraph, Fill, InputNode
+from einsummable.plan.cluster import Cluster
+from einsummable.plan.cost import CostModel
+from einsummable.plan.memory import Memory
+from einsummable.plan.space import Space
+from einsummable.plan.summary import Summary, node_seconds
+from einsummable.plan.twolevel import TwoLevel, rotations
+
+
+def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
+              machines: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes into and out of each machine's NIC: every byte the level-1 cost model charges
+    (replicas, partial sums, repartitions) leaves the machines that hold the producer's
+    blocks and enters those that run the reader's, evenly."""
+    nic_in, nic_out = np.zeros(machines), np.zeros(machines)
+    arrays = [np.array([c], dtype=np.int64) for c in cm]
+    spread = [np.arange(math.prod(c)) % machines for c in cm]
+
+    def charge(nbytes: float, src: int, dst: int) -> None:
+        if nbytes > 0:
+            np.add.at(nic_out, spread[src], nbytes / len(spread[src]))
+            np.add.at(nic_in, spread[dst], nbytes / len(spread[dst]))
+
+    for v, node in enumerate(g.nodes):
+        if not live[v]:
+            continue
+        sp = model.spaces[v]
+        n = math.prod(cm[v])
+        for k, u in enumerate(node.inputs):
+            if isinstance(g.nodes[u], Fill):
+                continue
+            dims = [d for d in sp.operands[k] if d is not None]
+            replicas = model.bytes[u] * (n / math.prod(cm[v][d] for d in dims) - 1.0)
+            moved = float(model.edge_cost(u, v, k, arrays[u], arrays[v])[0, 0])
+            charge(replicas + min(moved, model.bytes[u]), u, v)
+        if sp.aggregated:
+            charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0), v, v)
+    return nic_in, nic_out
+
+
+def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Cluster,
+                 live: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """[machines, cores] kernel seconds and flops of the blocks each core runs."""
+    secs = np.zeros((cluster.machines, cluster.cores))
+    flops = np.zeros((cluster.machines, cluster.cores))
+    for v, (node, rot) in enumerate(zip(g.nodes, rotations(tl, cluster.cores), strict=True)):
+        if not live[v] or isinstance(node, InputNode | Fill):
+            continue
+        nm, nc = math.prod(tl.cm[v]), math.prod(tl.cc[v])
+        rows = np.arange(nm) % cluster.machines
+        cols = (rot + np.arange(nc)) % cluster.cores
+        cell = np.ix_(rows, cols)
+        np.add.at(secs, cell, node_seconds(node, cluster) / (nm * nc) + cluster.task_overhead)
+        np.add.at(flops, cell, sps[v].flops / (nm * nc))
+    return secs, flops
+
+
+def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel, cluster: Cluster,
+              live: Sequence[bool], memory: Memory, model_bytes: float, within: float) -> Summary:
+    """``model``: the level-1 cost model (over the machines)."""
+    nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines)
+    secs, flops = core_seconds(g, sps, tl, cluster, live)
+    busiest = float(max(nic_in.max(), nic_out.max()))
+    return Summary(
+        flops=tuple(float(f) for f in flops.ravel()),
+        bytes_within=within,
+        bytes_across=float(nic_in.sum()),
+        model_bytes=model_bytes,
+        compute_seconds=float(secs.max()),
+        nic_bytes=busiest,
+        network_seconds=busiest / cluster.bandwidth_across,
+        memory=memory,
+        capacity=cluster.memory_per_machine,
+    )
