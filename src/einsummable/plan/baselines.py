@@ -187,7 +187,7 @@ def _lay_out_data(g: EinGraph, spaces: Sequence[Space], counts: list[Counts | No
         want = [1] * len(sp.shape)
         for a, d in enumerate(spaces[v].operands[k]):
             if d is not None and sp.splittable[sp.out_dims[a]]:
-                want[sp.out_dims[a]] = counts[v][d]
+                want[sp.out_dims[a]] = min(counts[v][d], max(1, sp.shape[sp.out_dims[a]]))
         counts[u] = tuple(want)
     for v, sp in enumerate(spaces):
         if sp.kind == "follow":

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from einsummable.ir.graph import EinGraph, Fill
+from einsummable.ir.graph import EinGraph, Fill, Formation
 from einsummable.plan.cluster import Cluster
 from einsummable.plan.space import Space, nbytes
 
@@ -91,10 +91,18 @@ class CostModel:
     """Candidates, unary costs and edge costs for one graph at one worker count."""
 
     def __init__(self, g: EinGraph, spaces: Sequence[Space], p: int, cluster: Cluster,
-                 live: Sequence[bool], node_bytes: Sequence[float] | None = None) -> None:
+                 live: Sequence[bool], node_bytes: Sequence[float] | None = None,
+                 gather_once: bool = False) -> None:
         """``node_bytes`` overrides each node's output bytes: the inner level of a two-level
-        plan costs one machine's block of every node (plan/twolevel.py)."""
+        plan costs one machine's block of every node (plan/twolevel.py).
+
+        ``gather_once`` (the machine level): a reader of c copies of an operand whose
+        pieces are a share f in place receives ``|X| max(c (1 - f), c - 1)``, an edge
+        cost, instead of replication ``|X| (c - 1)`` plus repartition ``|X| (1 - f)``:
+        a weight sharded over 4 machines and read whole by all 4 is all-gathered once,
+        3 |W|, not 3.75 |W|."""
         self.g, self.spaces, self.p = g, spaces, p
+        self.gather_once = gather_once
         self.bytes = [float(b) for b in node_bytes] if node_bytes is not None else [
             float(nbytes(n)) for n in g.nodes]
         self._cache: dict[tuple, np.ndarray] = {}
@@ -137,7 +145,7 @@ class CostModel:
         n = np.prod(counts, axis=1).astype(np.float64)
         cost = np.zeros(len(counts))
         for k, u in enumerate(node.inputs):
-            if isinstance(self.g.nodes[u], Fill):
+            if isinstance(self.g.nodes[u], Fill) or self.gather_once:
                 continue
             dims = [d for d in sp.operands[k] if d is not None]
             n_k = np.prod(counts[:, dims], axis=1) if dims else np.ones(len(counts))
@@ -163,7 +171,17 @@ class CostModel:
         hi = np.maximum(have[:, None, :], need[None, :, :])
         lo = np.minimum(have[:, None, :], need[None, :, :])
         share = np.prod(lo / hi, axis=2)
-        return self.bytes[u] * (1.0 - share)
+        if not self.gather_once:
+            return self.bytes[u] * (1.0 - share)
+        copies = (np.prod(cv, axis=1) / np.prod(need, axis=1))[None, :]
+        cost = self.bytes[u] * np.maximum(copies * (1.0 - share), copies - 1.0)
+        if isinstance(self.g.nodes[v], Formation) and su.aggregated:
+            # partial sums already travel to their formation's blocks (the aggregation
+            # cost); only gathering several of their output blocks into one moves more
+            summed = np.prod(cu[:, list(su.aggregated)], axis=1)[:, None] > 1
+            gather = 1.0 - np.prod(lo / have[:, None, :], axis=2)
+            cost = np.where(summed, self.bytes[u] * gather, cost)
+        return cost
 
     def unit_t(self, u: int, v: int, k: int) -> np.ndarray:
         """[candidates of v, candidates of u]: the edge cost per byte of u, cached by what it
@@ -185,8 +203,11 @@ class CostModel:
         return self.unit_t(u, v, k).T * self.scale(u)
 
     def bound(self, u: int, v: int) -> float:
-        """The most an edge can cost, bar a forbidden pair: all of u's bytes move."""
-        return FORBIDDEN if self.spaces[v].kind == "follow" else self.bytes[u]
+        """The most an edge can cost, bar a forbidden pair: all of u's bytes move (to every
+        worker, with ``gather_once``)."""
+        if self.spaces[v].kind == "follow":
+            return FORBIDDEN
+        return self.bytes[u] * (self.p if self.gather_once else 1)
 
     def evaluate(self, counts: Sequence[Sequence[int]], live: Sequence[bool]) -> float:
         """The model cost of any plan, given its block counts per node."""

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from einsummable.ir.graph import EinGraph, Fill, InputNode
+from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
 from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel
 from einsummable.plan.memory import Memory
@@ -28,9 +28,15 @@ from einsummable.plan.twolevel import TwoLevel, rotations
 
 def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
               machines: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes into and out of each machine's NIC: every byte the level-1 cost model charges
-    (replicas, partial sums, repartitions) leaves the machines that hold the producer's
-    blocks and enters those that run the reader's, evenly."""
+    """Bytes into and out of each machine's NIC, leaving the machines that hold the
+    producer's blocks and entering those that run the reader's, evenly.
+
+    The bytes are those of the level-1 cost model (``gather_once``: c copies of an
+    operand, a share f in place, receive ``|X| max(c (1 - f), c - 1)``), except that
+    readers needing the same pieces in the same way receive them once (a machine
+    keeps what it received, as the lowering does), and that partial sums across
+    machines send ``(k - 1) |out|`` whatever partition their formation takes (a
+    reduce-scatter moves no more than a reduce)."""
     nic_in, nic_out = np.zeros(machines), np.zeros(machines)
     arrays = [np.array([c], dtype=np.int64) for c in cm]
     spread = [np.arange(math.prod(c)) % machines for c in cm]
@@ -40,18 +46,22 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
             np.add.at(nic_out, spread[src], nbytes / len(spread[src]))
             np.add.at(nic_in, spread[dst], nbytes / len(spread[dst]))
 
+    seen: set[tuple] = set()
     for v, node in enumerate(g.nodes):
         if not live[v]:
             continue
         sp = model.spaces[v]
         n = math.prod(cm[v])
         for k, u in enumerate(node.inputs):
-            if isinstance(g.nodes[u], Fill):
+            if isinstance(g.nodes[u], Fill) or sp.kind == "follow":
                 continue
-            dims = [d for d in sp.operands[k] if d is not None]
-            replicas = model.bytes[u] * (n / math.prod(cm[v][d] for d in dims) - 1.0)
-            moved = float(model.edge_cost(u, v, k, arrays[u], arrays[v])[0, 0])
-            charge(replicas + min(moved, model.bytes[u]), u, v)
+            if isinstance(node, Formation) and math.prod(cm[u][d] for d in model.spaces[u].aggregated) > 1:
+                continue
+            need = tuple(cm[v][d] if d is not None else 1 for d in sp.operands[k])
+            copies = n // math.prod(need)
+            if (u, need, copies) not in seen:
+                seen.add((u, need, copies))
+                charge(float(model.edge_cost(u, v, k, arrays[u], arrays[v])[0, 0]), u, v)
         if sp.aggregated:
             charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0), v, v)
     return nic_in, nic_out

@@ -84,7 +84,7 @@ def _plan(g: EinGraph, cluster: Cluster, planner: str, check_memory: bool) -> Pl
 def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: Cluster, planner: str,
                check_memory: bool) -> Plan:
     outer = twolevel.outer_spaces(g, sps)
-    model = CostModel(g, outer, cluster.machines, twolevel.machine_view(cluster), live)
+    model = CostModel(g, outer, cluster.machines, twolevel.machine_view(cluster), live, gather_once=True)
     if planner == "eindecomp":
         tl, memory = twolevel.solve(g, outer, model, cluster, live, check_memory)
     else:
@@ -128,10 +128,13 @@ def expert(name: str, g: EinGraph, sps: Sequence[Space], outer: Sequence[Space],
     """A baseline's two-level counts: across machines, then within each machine's blocks."""
     size = [float(nbytes(n)) for n in g.nodes]
     data = baselines.data_dims(g, outer)
+    batch = baselines.batch_dims(g, outer)
     first = baselines.data_input(g, baselines.dim_classes(g, outer))
+    # parameters and optimizer state, and the gradients: sums over the batch
     state = [
         (isinstance(node, InputNode) and v != first and math.prod(node.shape) >= cluster.machines)
-        or (sp.kind == "data" and isinstance(node, Formation))
+        or (sp.kind == "data" and isinstance(node, Formation)
+            and batch[node.inputs[0]] in outer[node.inputs[0]].aggregated)
         for v, (node, sp) in enumerate(zip(g.nodes, outer, strict=True))
     ]
     targets = op_targets(g, outer, cluster.machines, twolevel.machine_view(cluster), size)
