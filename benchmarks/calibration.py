@@ -2,7 +2,7 @@
 
 For each worker count it measures this machine's rates with that many cores busy
 (``Cluster.measure``), writes them to ``calibration-<w>.json``, compiles every
-workload of tests/workloads.py (sizes scaled to fit a 2-core box) for the local
+workload of einsummable/workloads.py (sizes scaled to fit a 2-core box) for the local
 engine, and prints the simulator's prediction, the median of measured runs and
 their ratio. The aim is a ratio within 0.75..1.25.
 
@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 import einsummable as es
+from einsummable import workloads
 from einsummable.ir.graph import EinGraph, InputNode
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import workloads
 
 
 def suite(scale: float) -> dict[str, EinGraph]:

@@ -12,9 +12,9 @@ import argparse
 import time
 
 from einsummable.autodiff import grad
+from einsummable.hardware.cluster import Cluster
 from einsummable.models import llama
 from einsummable.models.llama import PRESETS
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel
 from einsummable.plan.plan import build
 from einsummable.plan.planners import PLANNERS, choose, partitions

@@ -1,6 +1,6 @@
 """Bytes moved by EinDecomp against the baseline planners and exhaustive search.
 
-For every workload of the suite (tests/workloads.py) and worker count, prints the
+For every workload of the suite (einsummable/workloads.py) and worker count, prints the
 cost-model bytes of each planner (the objective EinDecomp minimises), the exact
 optimum over the same candidates where variable elimination can afford it, and
 the bytes the placed plan actually moves (what its TaskGraph moves).
@@ -11,18 +11,14 @@ the bytes the placed plan actually moves (what its TaskGraph moves).
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.plan import exhaustive
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel
 from einsummable.plan.planners import PLANNERS, choose, make_plan
 from einsummable.plan.space import spaces
-from workloads import SUITE
+from einsummable.workloads import SUITE
 
 
 def main() -> None:

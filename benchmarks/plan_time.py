@@ -14,9 +14,9 @@ import argparse
 import time
 
 import einsummable as es
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph
 from einsummable.plan import eindecomp
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel
 from einsummable.plan.planners import make_plan
 from einsummable.plan.space import spaces

@@ -147,12 +147,13 @@ def _given(g: es.Graph, workers: int, counts: list[int], per_node: dict[int, lis
         want = [*(per_node or {}).get(k, counts), *[1] * len(sp.shape)][: len(sp.shape)]
         counts_here = [c if ok else 1 for c, ok in zip(want, sp.splittable, strict=True)]
         parts.append(Partition.uniform(sp.shape, counts_here))
-    return lower(g.ir, build(g.ir, es.Cluster(machines=1, cores=workers), parts))
+    return lower(build(g.ir, es.Cluster(machines=1, cores=workers), parts))
 
 
 def _per_task(workers: int, repeats: int) -> None:
     """200 elementwise steps over 8 blocks each: scheduling, almost no arithmetic."""
-    from einsummable.engines import local, ray_engine
+    from einsummable.engines import local
+    from einsummable.engines import ray as ray_engine
 
     g = es.Graph()
     t = g.input("x", (64,))
@@ -176,7 +177,8 @@ def _per_task(workers: int, repeats: int) -> None:
 def _per_mb(workers: int, repeats: int) -> None:
     """x <- x * 1 with x resident (nothing crosses the driver), split by rows but computed by columns,
     so every worker reads a piece of every block: moves, and almost no arithmetic."""
-    from einsummable.engines import local, ray_engine
+    from einsummable.engines import local
+    from einsummable.engines import ray as ray_engine
 
     points = []
     for n in (512, 2048):

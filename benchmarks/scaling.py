@@ -22,7 +22,6 @@ Writes ``scaling.md`` (the table) and one ``scaling-<workload>.png`` per workloa
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -31,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import einsummable as es
+from einsummable import workloads
 from einsummable.autodiff import grad
 from einsummable.engines.simulate import apply_seconds
 from einsummable.ir.graph import EinGraph, EinsumNode
@@ -40,9 +40,6 @@ from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
 from einsummable.plan.space import nbytes
 from einsummable.plan.traffic import flops_per_block
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import workloads
 
 PLANNERS = {"eindecomp": "EinDecomp", "data_parallel": "data parallel", "model_parallel": "Megatron",
             "uniform": "uniform"}
@@ -105,7 +102,7 @@ def predict(g: EinGraph, cluster: es.Cluster, planner: str, method: str) -> dict
     plan = make_plan(g, cluster, planner, compare=False)
     planning = time.perf_counter() - t0
     if method == "sim":
-        sim = es.simulate(lower(g, plan), cluster)
+        sim = es.simulate(lower(plan), cluster)
         seconds, memory, tasks = sim.makespan, max(sim.peak_memory), sim.tasks
     else:
         (seconds, memory), tasks = analytic(plan, cluster), sum(p.num_blocks for p in plan.parts)

@@ -236,14 +236,6 @@ def test_missing_variable_is_named():
         fn(np.ones(2, np.float32))
 
 
-def test_classify_common_forms():
-    assert scalar.classify(scalar.parse("x0")) == "identity"
-    assert scalar.classify(scalar.parse("x1 * x0")) == "product"
-    assert scalar.classify(scalar.parse("x0 + x1")) == "sum"
-    assert scalar.classify(scalar.parse("2 * x0")) == "scale"
-    assert scalar.classify(scalar.parse("exp(x0)")) is None
-
-
 @given(all_exprs)
 def test_fold_constants_keeps_inputs_and_value(e):
     folded = scalar.fold_constants(e)

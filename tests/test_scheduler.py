@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from einsummable.engines.scheduler import EngineError, critical_path, run
+from einsummable.engines.scheduler import critical_path, run
+from einsummable.errors import EngineError
 
 
 @st.composite
@@ -35,7 +36,8 @@ def test_every_dag_on_every_worker_count_matches_sequential(dag):
     assert [got[i] for i in range(len(inputs))] == oracle(inputs)
 
 
-def test_blocks_are_freed_after_their_last_reader():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_blocks_are_freed_after_their_last_reader(workers):
     live = set()
     peak = [0]
     lock = threading.Lock()
@@ -52,7 +54,7 @@ def test_blocks_are_freed_after_their_last_reader():
                 live.discard(self.i)
 
     chain = [()] + [(i,) for i in range(199)]
-    out = run(chain, lambda i, args: Block(i), location=[0] * 200, workers=2, keep={199})
+    out = run(chain, lambda i, args: Block(i), location=[0] * 200, workers=workers, keep={199})
     assert out[199].i == 199
     assert peak[0] <= 4
 
@@ -80,3 +82,22 @@ def test_critical_path_orders_the_long_chain_first():
     inputs = [(), (), (1,), (2,)]
     rank = critical_path(inputs, [1, 1, 1, 1])
     assert rank == [1, 3, 2, 1]
+
+
+@pytest.mark.parametrize("engine", ["reference", "sequential"])
+def test_the_oracles_name_the_node_or_task_that_failed(engine, monkeypatch):
+    """The oracles run through the shared loop, so a failing kernel is an EngineError naming its step."""
+    import numpy as np
+
+    import einsummable as es
+    from einsummable.engines import kernels
+
+    def broken(op, arrays, variables=None):
+        raise FloatingPointError("boom")
+
+    monkeypatch.setattr(kernels, "einsum", broken)
+    g = es.Graph()
+    x = g.input("x", (3, 4))
+    g.output("y", es.nn.relu(x))
+    with pytest.raises(EngineError, match=r"\(.*relu.*\) failed: FloatingPointError: boom"):
+        es.compile(g, engine=engine).run({"x": np.ones((3, 4), np.float32)})

@@ -6,14 +6,17 @@ from einsummable.autodiff import grad
 from einsummable.compile import Program, compile, simulate
 from einsummable.errors import (
     AutodiffError,
+    CheckpointError,
     DtypeError,
     EinsummableError,
+    EngineError,
     ExprError,
     FeedError,
     GraphError,
     OptimizerError,
     PlanError,
     ShapeError,
+    SimulationError,
     SpecError,
 )
 from einsummable.frontend import nn
@@ -33,13 +36,15 @@ from einsummable.frontend.core import (
     where,
 )
 from einsummable.frontend.einsum import einsum, matmul
-from einsummable.plan.cluster import Cluster
+from einsummable.hardware.cluster import Cluster
 
 __all__ = [
     "AutodiffError",
+    "CheckpointError",
     "Cluster",
     "DtypeError",
     "EinsummableError",
+    "EngineError",
     "ExprError",
     "FeedError",
     "Graph",
@@ -48,6 +53,7 @@ __all__ = [
     "PlanError",
     "Program",
     "ShapeError",
+    "SimulationError",
     "SpecError",
     "Tensor",
     "broadcast_to",

@@ -20,11 +20,12 @@ from einsummable.autodiff import grad
 from einsummable.errors import EinsummableError
 from einsummable.frontend.core import Graph
 from einsummable.generate import Generator
+from einsummable.hardware.cluster import Cluster
 from einsummable.models import llama, weights
 from einsummable.models import tokenizer as tokenizers
 from einsummable.models.llama import PRESETS, LlamaConfig
 from einsummable.plan import report
-from einsummable.plan.cluster import Cluster
+from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
 from einsummable.progress import Progress
 from einsummable.train.trainer import TrainConfig, Trainer, init_params
@@ -60,8 +61,10 @@ def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:
     print(f"saved the model, optimizer state and {plot.name} to {out}/")
 
 
-def _summary(plan: object) -> str:
-    return str(plan) if isinstance(plan, str) else report.brief(plan)
+def _summary(plan: Plan | None) -> str:
+    if plan is None:
+        return "reference engine: every node runs whole, in order, with numpy"
+    return report.brief(plan)
 
 
 def plot_losses(losses: list[float], path: Path) -> Path:

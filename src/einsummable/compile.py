@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -13,49 +14,69 @@ from einsummable.engines.blocks import Blocks
 from einsummable.engines.feeds import check_feeds, check_inputs
 from einsummable.errors import EinsummableError, FeedError, PlanError
 from einsummable.frontend.core import Graph
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import TaskGraph
-from einsummable.plan.cluster import Cluster
+from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
 
-Runner = Callable[..., dict[str, np.ndarray]]
+
+class Executor(Protocol):
+    """What an engine binds a program to: runs checked arrays (and resident blocks)."""
+
+    def run(self, feeds: Mapping[str, object], variables: dict[str, float] | None = None,
+            carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]: ...
 
 
 class Program:
-    """A compiled graph: ``run(feeds)`` returns ``{output name: ndarray}``
-    (with ``engine="simulate"``, a ``Simulation`` report instead: nothing is computed).
+    """A compiled graph: ``run(feeds)`` returns ``{output name: ndarray}``.
 
-    ``simulate()`` predicts the run on the planned cluster, whatever the engine.
-    ``plan`` prints the partitions, strategies and bytes moved against the baselines;
-    ``taskgraph`` is the lowered block program (None for the reference engine, which
-    runs the graph whole).
+    ``simulate()`` predicts the run on the planned cluster, whatever the engine (the
+    simulate engine computes nothing, so that is all it does). ``plan`` prints the
+    partitions, strategies and bytes moved against the baselines; it and ``taskgraph``,
+    the lowered block program, are None for the reference engine, which runs the graph
+    whole. ``executor`` is the engine's own program object.
     """
 
-    def __init__(self, graph: EinGraph, engine: str, runner: Runner, plan: object,
+    def __init__(self, graph: EinGraph, engine: str, executor: Executor | None, plan: Plan | None = None,
                  taskgraph: TaskGraph | None = None) -> None:
         self.graph = graph
         self.engine = engine
         self.plan = plan
         self.taskgraph = taskgraph
-        self._runner = runner
+        self.executor = executor
         self.variables = graph.variables()
 
     def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
         arrays, variables = check_feeds(self.graph, feeds, variables=self.variables)
-        return self._runner(arrays, variables)
+        return self.execute(arrays, variables)
 
-    def simulate(self, cluster: Cluster | None = None) -> simulator.Simulation:
-        """Predict this program's run on ``cluster`` (default: the one it was planned for)."""
-        if self.taskgraph is None:
+    def execute(self, arrays: Mapping[str, object], variables: dict[str, float],
+                carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
+        """Run on checked feeds (resident blocks allowed); outputs in ``carry`` may stay as blocks."""
+        if self.executor is None:
+            raise EinsummableError(f"the {self.engine} engine computes nothing: prog.simulate() predicts "
+                                   "the run")
+        return self.executor.run(arrays, variables, carry)
+
+    def simulate(self, cluster: Cluster | None = None,
+                 feeds: Mapping[str, object] | None = None) -> simulator.Simulation:
+        """Predict this program's run on ``cluster`` (default: the one it was planned for).
+
+        ``feeds``, when given, are checked as ``run`` checks them; only their shapes matter.
+        """
+        if self.taskgraph is None or self.plan is None:
             raise EinsummableError(f"the {self.engine} engine runs the graph whole: no TaskGraph to simulate")
+        if feeds is not None:
+            check_feeds(self.graph, feeds, variables=self.variables)
         return simulator.run(self.taskgraph, cluster or self.plan.cluster)
 
     def session(self, state: Mapping[str, np.ndarray]) -> Session:
         """Keep ``state`` (parameters, optimizer moments) resident between runs."""
-        if self.engine == "simulate":
-            raise EinsummableError("the simulate engine computes nothing, so it keeps no state; "
-                                   "prog.run(feeds) returns the predicted run")
+        if self.executor is None:
+            raise EinsummableError(f"the {self.engine} engine computes nothing, so it keeps no state; "
+                                   "prog.simulate() predicts the run")
         return Session(self, state)
 
     def __repr__(self) -> str:
@@ -92,7 +113,7 @@ class Session:
             raise FeedError(f"cannot fetch {unknown}; the outputs are {sorted(outputs)}")
         arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(self._state),
                                         variables=self.program.variables)
-        result = self.program._runner(arrays | self._state, variables, self._carry)
+        result = self.program.execute(arrays | self._state, variables, self._carry)
         for name in self._carry:
             self._state[name] = result[name]
         return {n: _as_array(result[n]) for n in wanted}
@@ -106,40 +127,42 @@ def _as_array(value: object) -> np.ndarray:
     return value.array() if isinstance(value, Blocks) else np.array(value, copy=True)
 
 
-def _whole(run: Callable) -> Runner:
+class _Whole:
     """Engines that take arrays: resident blocks are gathered, carried outputs returned whole."""
 
-    def runner(arrays, variables, carry=frozenset()):
-        return run({k: _as_array(v) if isinstance(v, Blocks) else v for k, v in arrays.items()}, variables)
+    def __init__(self, run: Callable[[dict, dict], dict[str, np.ndarray]]) -> None:
+        self._run = run
 
-    return runner
-
-
-def _reference(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:
-    return _whole(lambda arrays, variables: reference.run(graph, arrays, variables))
+    def run(self, feeds, variables=None, carry=frozenset()) -> dict[str, np.ndarray]:
+        return self._run({k: _as_array(v) if isinstance(v, Blocks) else v for k, v in feeds.items()},
+                         variables or {})
 
 
-def _sequential(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:
-    return _whole(lambda arrays, variables: sequential.run(tg, arrays, variables))
+def _reference(graph: EinGraph, tg: TaskGraph | None) -> Executor:
+    return _Whole(lambda arrays, variables: reference.run(graph, arrays, variables))
 
 
-def _local(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:
-    return local.LocalProgram(tg).run
+def _sequential(graph: EinGraph, tg: TaskGraph | None) -> Executor:
+    return _Whole(lambda arrays, variables: sequential.run(tg, arrays, variables))
 
 
-def _ray(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster, address: str | None = None) -> Runner:
+def _local(graph: EinGraph, tg: TaskGraph | None) -> Executor:
+    return local.LocalProgram(tg)
+
+
+def _ray(graph: EinGraph, tg: TaskGraph | None, address: str | None = None) -> Executor:
     try:  # Ray is an optional extra: import it only when asked for
-        from einsummable.engines import ray_engine
+        from einsummable.engines.ray import RayProgram
     except ModuleNotFoundError as err:
         if err.name != "ray":
             raise
         raise EinsummableError("engine='ray' needs Ray: pip install 'einsummable[ray]'") from err
-    return ray_engine.RayProgram(tg, address).run
+    return RayProgram(tg, address)
 
 
-def _simulate(graph: EinGraph, tg: TaskGraph | None, cluster: Cluster) -> Runner:
-    """Feeds are checked, then only their shapes matter: the run is predicted, not computed."""
-    return lambda arrays, variables, carry=frozenset(): simulator.run(tg, cluster)
+def _simulate(graph: EinGraph, tg: TaskGraph | None) -> None:
+    """Nothing to run: the program is only predicted (``prog.simulate()``)."""
+    return None
 
 
 def simulate(taskgraph: TaskGraph, cluster: Cluster) -> simulator.Simulation:
@@ -147,9 +170,9 @@ def simulate(taskgraph: TaskGraph, cluster: Cluster) -> simulator.Simulation:
     return simulator.run(taskgraph, cluster)
 
 
-# Each engine builds a runner from the graph, its TaskGraph and the cluster it was planned
-# for; those in WHOLE run the graph undecomposed and get no TaskGraph.
-ENGINES: dict[str, Callable[[EinGraph, TaskGraph | None, Cluster], Runner]] = {
+# Each engine builds its executor from the graph and its TaskGraph; those in WHOLE run the
+# graph undecomposed and get no TaskGraph (and no plan).
+ENGINES: dict[str, Callable[..., Executor | None]] = {
     "reference": _reference,
     "sequential": _sequential,
     "local": _local,
@@ -197,8 +220,7 @@ def compile(
     options = {"address": address} if address is not None else {}
     hardware = _cluster(workers, cluster)
     if engine in WHOLE:
-        plan = "reference engine: every node runs whole, in order, with numpy"
-        return Program(ir, engine, ENGINES[engine](ir, None, hardware), plan)
+        return Program(ir, engine, ENGINES[engine](ir, None))
     plan = make_plan(ir, hardware, planner)
-    taskgraph = lower(ir, plan)
-    return Program(ir, engine, ENGINES[engine](ir, taskgraph, hardware, **options), plan, taskgraph)
+    taskgraph = lower(plan)
+    return Program(ir, engine, ENGINES[engine](ir, taskgraph, **options), plan, taskgraph)

@@ -39,3 +39,15 @@ class OptimizerError(EinsummableError):
 
 class PlanError(EinsummableError):
     """A plan or TaskGraph cannot be made as asked: a bad worker count, cluster or partition."""
+
+
+class EngineError(EinsummableError):
+    """A task failed while a program ran, or a worker was lost; names the task and its graph node."""
+
+
+class SimulationError(EinsummableError):
+    """A TaskGraph cannot be simulated on the given cluster."""
+
+
+class CheckpointError(EinsummableError):
+    """A checkpoint file is corrupt, truncated or does not match the model."""

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import einsummable as es
 from einsummable.engines import local, reference
-from einsummable.engines.scheduler import EngineError
+from einsummable.errors import EngineError
+from einsummable.hardware.cluster import Cluster
 from einsummable.lower.lowering import lower
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.plan import build
 from graphgen import random_graph, random_partitions
 
@@ -22,7 +22,7 @@ def test_random_graphs_match_reference(seed, workers):
     rng = random.Random(seed)
     g, feeds = random_graph(rng, n_ops=rng.randint(1, 10))
     plan = build(g.ir, Cluster(machines=1, cores=workers), random_partitions(g.ir, rng))
-    tg = lower(g.ir, plan)
+    tg = lower(plan)
     frozen = {k: v.copy() for k, v in feeds.items()}
     want = reference.run(g.ir, feeds)
     got = local.run(tg, feeds)
@@ -62,7 +62,7 @@ def test_a_failing_kernel_names_the_task_and_node_and_stops():
     prog = es.compile(g, workers=2)
     with pytest.raises(EngineError, match=r"apply\[.*\] of node %\d+.*'scale'"):
         # a run-time variable the kernel cannot read: feeds pass the check, the kernel fails
-        prog._runner({"x": np.ones((8, 8), np.float32)}, {})
+        prog.execute({"x": np.ones((8, 8), np.float32)}, {})
     assert not [t for t in threading.enumerate() if t.name.startswith("einsummable-")]
 
 

@@ -15,14 +15,14 @@ from test_session import mlp_step
 
 import einsummable as es
 from einsummable.engines import reference
-from einsummable.engines.scheduler import EngineError
+from einsummable.errors import EngineError
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import MoveTask
 from einsummable.plan.plan import build
 from graphgen import random_graph, random_partitions
 
 ray = pytest.importorskip("ray")
-ray_engine = pytest.importorskip("einsummable.engines.ray_engine")
+ray_engine = pytest.importorskip("einsummable.engines.ray")
 
 pytestmark = pytest.mark.ray
 TWO_BY_TWO = es.Cluster(machines=2, cores=2)
@@ -56,7 +56,7 @@ def test_cluster_from_ray_reads_nodes_and_cpus(two_nodes):
 def test_random_graphs_match_reference_on_two_nodes(two_nodes, seed):
     rng = random.Random(seed)
     g, feeds = random_graph(rng, n_ops=rng.randint(1, 10))
-    tg = lower(g.ir, build(g.ir, TWO_BY_TWO, random_partitions(g.ir, rng)))
+    tg = lower(build(g.ir, TWO_BY_TWO, random_partitions(g.ir, rng)))
     frozen = {k: v.copy() for k, v in feeds.items()}
     want = reference.run(g.ir, feeds)
     got = ray_engine.RayProgram(tg).run(feeds)
@@ -83,7 +83,7 @@ def _chain(n: int, length: int):
 def test_workers_are_pinned_to_their_machines_nodes_and_blocks_cross_them(two_nodes):
     g, feeds = _chain(1024, 4)
     prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
-    runner = prog._runner.__self__
+    runner = prog.executor
     nodes = [_node_of(a) for a in runner.actors]
     assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
     assert nodes[0] == ray.get_runtime_context().get_node_id()  # machine 0 is the driver's node
@@ -96,9 +96,31 @@ def test_workers_are_pinned_to_their_machines_nodes_and_blocks_cross_them(two_no
 
 def test_a_second_program_reuses_the_actors(two_nodes):
     g, _ = _chain(32, 3)
-    a = es.compile(g, cluster=TWO_BY_TWO, engine="ray")._runner.__self__
-    b = es.compile(g, cluster=TWO_BY_TWO, engine="ray")._runner.__self__
+    a = es.compile(g, cluster=TWO_BY_TWO, engine="ray").executor
+    b = es.compile(g, cluster=TWO_BY_TWO, engine="ray").executor
     assert [x._actor_id for x in a.actors] == [x._actor_id for x in b.actors]
+
+
+def test_a_new_program_after_an_actor_died_restarts_it(two_nodes):
+    """A dead actor's handle stays cached for reuse: a new program must notice and replace it
+    (it used to fail at once with "could not start the Ray workers within 120 s")."""
+    g, feeds = _chain(64, 3)
+    first = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+    want = first.run(feeds)["y"]
+    dead = first.executor.actors[2]
+    ray.kill(dead, no_restart=True)
+    for _ in range(600):  # wait until Ray knows it is dead (ray.kill does not wait)
+        try:
+            ray.get(dead.__ray_call__.remote(lambda self: None), timeout=60)
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the killed actor still answers")
+    second = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+    np.testing.assert_array_equal(second.run(feeds)["y"], want)
+    assert second.executor.actors[2]._actor_id != dead._actor_id
+    np.testing.assert_array_equal(first.run(feeds)["y"], want)  # the first program picks up the new actor
 
 
 @pytest.mark.parametrize("cluster", [es.Cluster(machines=1, cores=3), TWO_BY_TWO])
@@ -127,7 +149,7 @@ def test_a_failing_kernel_names_the_task_and_the_next_run_works(two_nodes):
     prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
     ones = np.ones((8, 8), np.float32)
     with pytest.raises(EngineError, match=r"worker \d: .*apply\[.*\] of node %\d+.*'scale'"):
-        prog._runner({"x": ones}, {})
+        prog.execute({"x": ones}, {})
     np.testing.assert_allclose(prog.run({"x": ones, "scale": 2.0})["y"], 2 * np.exp(ones @ ones), rtol=1e-5)
 
 
@@ -139,7 +161,7 @@ def test_a_plan_for_more_machines_than_nodes_is_refused(two_nodes):
 
 def _kill_during(prog, worker: int, feeds, after: float):
     """Run ``prog`` and kill one of its actors ``after`` seconds in; return the error raised."""
-    actor = prog._runner.__self__.actors[worker]
+    actor = prog.executor.actors[worker]
     timer = threading.Timer(after, lambda: ray.kill(actor, no_restart=True))
     timer.start()
     start = time.monotonic()
@@ -171,7 +193,7 @@ def test_killing_an_actor_mid_run_raises_naming_it_then_the_next_run_restarts_it
 def test_resident_state_on_a_dead_worker_is_reported_lost_never_zeroed(two_nodes):
     g, step, params, batch = mlp_step()
     prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
-    runner = prog._runner.__self__
+    runner = prog.executor
     sess = prog.session(params | step.init_state())
     sess.run(batch | {"lr": 0.01})
     holder = next(w for w, _, _ in sess._state["w1"].where.values())

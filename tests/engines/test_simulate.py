@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines.simulate import Simulation, SimulationError, kernel_kind, run
+from einsummable.engines.simulate import Simulation, kernel_kind, run
+from einsummable.errors import SimulationError
 from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.stats import stats
 from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, Output, TaskGraph
-from workloads import mlp_train
+from einsummable.workloads import mlp_train
 
 # 250 x 1000 f32 = 1e6 bytes
 BOX = ((0, 250), (0, 1000))
@@ -125,7 +126,7 @@ def test_a_real_mlp_step_through_compile():
     prog = es.compile(g, cluster=cluster, engine="simulate")
     rng = np.random.default_rng(0)
     feeds = {n.name: rng.standard_normal(n.shape, dtype=np.float32) for n in g.nodes if hasattr(n, "name")}
-    sim = prog.run(feeds)
+    sim = prog.simulate(feeds=feeds)
     assert isinstance(sim, Simulation) and sim.tasks == len(prog.taskgraph)
     st = stats(prog.taskgraph, cluster)
     assert (sim.bytes_within, sim.bytes_across) == (st.bytes_within, st.bytes_across)
@@ -155,7 +156,7 @@ def test_the_cluster_round_trips_through_json(tmp_path):
 
 def test_calibrate_writes_a_cluster_that_loads(tmp_path, monkeypatch):
     from einsummable import cli
-    from einsummable.plan import calibrate
+    from einsummable.hardware import calibrate
 
     for name, value in (("GEMM_N", 64), ("ELEMENTS", 1 << 12), ("COPY_ELEMENTS", 1 << 12), ("REPEATS", 1)):
         monkeypatch.setattr(calibrate, name, value)
@@ -164,3 +165,25 @@ def test_calibrate_writes_a_cluster_that_loads(tmp_path, monkeypatch):
     assert (cluster.machines, cluster.cores) == (1, 2)
     assert cluster.flops_per_core > 0 and cluster.elementwise_flops_per_core > 0
     assert cluster.bandwidth_within == cluster.copy_bandwidth
+
+
+def test_program_types_hold_on_every_engine():
+    """run returns arrays (the simulate engine refuses: it computes nothing), simulate returns a
+    Simulation after checking the feeds, and plan is a Plan, or None for the reference engine."""
+    from einsummable.plan.plan import Plan
+
+    g = es.Graph()
+    x = g.input("x", (8, 4))
+    g.output("y", x * 2.0)
+    feeds = {"x": np.ones((8, 4), np.float32)}
+    sim = es.compile(g, workers=2, engine="simulate")
+    assert isinstance(sim.plan, Plan) and isinstance(sim.simulate(feeds=feeds), Simulation)
+    with pytest.raises(es.EinsummableError, match="computes nothing: prog.simulate"):
+        sim.run(feeds)
+    with pytest.raises(es.FeedError):
+        sim.simulate(feeds={"x": np.ones((3, 4), np.float32)})
+    ref = es.compile(g, engine="reference")
+    assert ref.plan is None and ref.taskgraph is None
+    np.testing.assert_array_equal(ref.run(feeds)["y"], 2 * feeds["x"])
+    with pytest.raises(es.EinsummableError, match="runs the graph whole"):
+        ref.simulate()

@@ -8,11 +8,11 @@ import einsummable as es
 from einsummable.engines import sequential
 from einsummable.engines.sequential import EXEC
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import NODE_KINDS
 from einsummable.lower.lowering import LOWER, lower
 from einsummable.lower.stats import stats, to_dot
 from einsummable.lower.taskgraph import TASK_KINDS, MoveTask, PartialTask, TaskGraph
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import build
 from einsummable.plan.space import SPACES
@@ -45,7 +45,7 @@ def _parts(a, b, join, n=8):
 def test_matching_partitions_move_nothing():
     g = _matmul()
     parts = _parts((4, 1), (1, 1), (4, 1, 1))
-    tg = lower(g, build(g, Cluster.local(4), parts))
+    tg = lower(build(g, Cluster.local(4), parts))
     tg.validate()
     moved_b = [t for t in tg.tasks if isinstance(t, MoveTask)]
     # each a block is already where its row block runs; only b is copied to the 3 other workers
@@ -57,7 +57,7 @@ def test_partial_sums_are_combined_where_they_live_before_moving():
     # 4 blocks over the contracted index, on 2 workers: 2 partial sums per worker
     parts = _parts((1, 4), (4, 1), (1, 1, 4))
     plan = build(g, Cluster.local(2), parts)
-    tg = lower(g, plan)
+    tg = lower(plan)
     tg.validate()
     out_bytes = 8 * 8 * 4
     assert stats(tg).bytes_moved == out_bytes  # one pre-aggregated block crosses, not two
@@ -81,7 +81,7 @@ def test_dead_nodes_and_tasks_are_pruned():
 def test_text_form_and_dot():
     g = _matmul(4, 4, 4)
     parts = _parts((2, 1), (1, 1), (2, 1, 1), n=4)
-    tg = lower(g, build(g, Cluster.local(2), parts))
+    tg = lower(build(g, Cluster.local(2), parts))
     text = str(tg)
     assert text.splitlines()[0] == "taskgraph(2 workers) {"
     assert "%0 @0 = input 'a'[0:2,0:4] : f32[2,4]" in text
@@ -94,7 +94,7 @@ def test_text_form_and_dot():
 def test_stats_count_flops_links_and_critical_path():
     g = _matmul()
     parts = _parts((2, 1), (1, 1), (2, 1, 1))
-    tg = lower(g, build(g, Cluster(machines=2, cores=1), parts))
+    tg = lower(build(g, Cluster(machines=2, cores=1), parts))
     s = stats(tg)
     assert sum(s.flops) == g.nodes[2].op.flops()
     assert s.bytes_across == sum(s.links.values()) and s.bytes_within == 0
@@ -103,7 +103,7 @@ def test_stats_count_flops_links_and_critical_path():
 
 def test_validate_names_the_bad_task():
     g = _matmul(4, 4, 4)
-    tg = lower(g, build(g, Cluster.local(1), _parts((1, 1), (1, 1), (1, 1, 1), n=4)))
+    tg = lower(build(g, Cluster.local(1), _parts((1, 1), (1, 1), (1, 1, 1), n=4)))
     broken = TaskGraph((*tg.tasks[:1], MoveTask((0,), ((0, 9), (0, 4)), 0, 0, "f32")), {}, 1, 1)
     with pytest.raises(PlanError, match="task %1 is invalid: move box"):
         broken.validate()

@@ -1,4 +1,4 @@
-"""The invariant of DESIGN.md §6: any graph, any partitions, any worker count, executed
+"""The invariant of docs/design.md §6: any graph, any partitions, any worker count, executed
 through the TaskGraph, equals the reference engine."""
 
 import random
@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from einsummable.engines import reference, sequential
+from einsummable.hardware.cluster import Cluster
 from einsummable.lower.lowering import lower
 from einsummable.lower.stats import stats
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.plan import build
 from graphgen import random_graph, random_partitions
 
@@ -20,7 +20,7 @@ def _check(seed: int, workers: int, machines: int = 1) -> None:
     g, feeds = random_graph(rng, n_ops=rng.randint(1, 10))
     plan = build(g.ir, Cluster(machines=machines, cores=workers), random_partitions(g.ir, rng))
     plan.validate()
-    tg = lower(g.ir, plan)
+    tg = lower(plan)
     tg.validate()
     want = reference.run(g.ir, feeds)
     got = sequential.run(tg, feeds)

@@ -9,9 +9,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import einsummable as es  # noqa: E402
+from einsummable.errors import CheckpointError  # noqa: E402
 from einsummable.generate import Generator  # noqa: E402
 from einsummable.models import llama, safetensors_io, weights  # noqa: E402
-from einsummable.models.safetensors_io import CheckpointError  # noqa: E402
 
 CONFIGS = {
     "gqa-untied": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.plan.cluster import Cluster
+from einsummable.hardware.cluster import Cluster
 
 
 def _graph():

@@ -6,13 +6,13 @@ import pytest
 
 import einsummable as es
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinsumNode
 from einsummable.plan import exhaustive
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel
 from einsummable.plan.planners import PLANNERS, choose, make_plan
 from einsummable.plan.space import spaces
-from workloads import SUITE, matmul
+from einsummable.workloads import SUITE, matmul
 
 
 def mlp(batch: int, d: int, hidden: int):

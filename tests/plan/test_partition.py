@@ -5,7 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from einsummable.errors import PlanError
-from einsummable.plan.partition import Partition, intersect, split, volume
+from einsummable.ir.box import intersect, volume
+from einsummable.plan.partition import Partition, split
 
 
 @given(st.integers(1, 200), st.data())

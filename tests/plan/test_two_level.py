@@ -10,17 +10,17 @@ from hypothesis import strategies as st
 
 from einsummable.engines import reference, sequential
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinsumNode
 from einsummable.lower.lowering import lower
 from einsummable.lower.stats import stats
 from einsummable.lower.taskgraph import InputTask
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel
 from einsummable.plan.plan import build
 from einsummable.plan.planners import PLANNERS, choose, make_plan, partitions
 from einsummable.plan.space import spaces
+from einsummable.workloads import chain_skewed, mlp_train
 from graphgen import random_graph
-from workloads import chain_skewed, mlp_train
 
 
 def _einsums(g):
@@ -61,7 +61,7 @@ def test_two_level_keeps_partial_sums_inside_a_machine():
     sps, live = spaces(g), g.live()
     flat_counts = choose("eindecomp", g, sps, CostModel(g, sps, 16, cluster, live), live)
     flat = build(g, cluster, partitions(sps, flat_counts))
-    two, one = stats(lower(g, plan)), stats(lower(g, flat))
+    two, one = stats(lower(plan)), stats(lower(flat))
     assert two.bytes_across < one.bytes_across, (two.bytes_across, one.bytes_across)
 
 
@@ -79,7 +79,7 @@ def test_state_larger_than_a_machine_is_sharded():
     plan = make_plan(g, cluster, compare=False)
     assert plan.summary.fits and plan.summary.peak <= budget
     assert math.prod(plan.levels.cm[w1]) == 4 and math.prod(plan.levels.cm[w2]) == 4
-    tg = lower(g, plan)
+    tg = lower(plan)
     for w in (w1, w2):
         held = np.zeros(4)
         for t in tg.tasks:
@@ -126,7 +126,7 @@ def test_two_level_plans_of_random_graphs_match_reference(seed, machines, cores,
     g, feeds = random_graph(rng, n_ops=rng.randint(1, 8))
     plan = make_plan(g.ir, Cluster(machines=machines, cores=cores), planner, compare=False)
     plan.validate()
-    tg = lower(g.ir, plan)
+    tg = lower(plan)
     tg.validate()
     want = reference.run(g.ir, feeds)
     got = sequential.run(tg, feeds)

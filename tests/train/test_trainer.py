@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from einsummable import cli
+from einsummable.errors import CheckpointError
 from einsummable.models import safetensors_io
 from einsummable.models.llama import LlamaConfig
-from einsummable.models.safetensors_io import CheckpointError
 from einsummable.train import trainer as trainer_mod
 from einsummable.train.trainer import TrainConfig, Trainer, init_params, lr_at
 

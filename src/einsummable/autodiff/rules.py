@@ -26,6 +26,7 @@ from einsummable.autodiff.cotangent import Cot, Forward, Uniform, materialize, t
 from einsummable.errors import AutodiffError
 from einsummable.frontend.core import Tensor, apply, reshape, select, view_as_complex, view_as_real
 from einsummable.ir import scalar
+from einsummable.ir.box import Box, box_shape, intersect, place, volume, whole
 from einsummable.ir.dtypes import COMPLEX, real_of
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import (
@@ -43,7 +44,6 @@ from einsummable.ir.expr import (
     substitute,
 )
 from einsummable.ir.graph import (
-    Box,
     ComplexView,
     EinsumNode,
     Fill,
@@ -95,14 +95,14 @@ def _select(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:
         shape = fw.nodes[src_id].shape
         parts: list[Cot] = []
         for group in _disjoint_groups(items):
-            covers = sum(_volume(b) for b, _ in group) == math.prod(shape)
+            covers = sum(volume(b) for b, _ in group) == math.prod(shape)
             if isinstance(g, Uniform) and covers:
                 parts.append(Uniform(g.value, shape, g.dtype))
                 continue
             if not materialized:
                 materialized.append(materialize(fw.graph, g))
             gt = materialized[0]
-            if gt.shape == shape and group == [(_whole(shape), (0,) * len(shape))]:
+            if gt.shape == shape and group == [(whole(shape), (0,) * len(shape))]:
                 parts.append(gt)
             else:
                 parts.append(select(shape, [(gt, b, off) for b, off in group]))
@@ -117,14 +117,14 @@ def _visible(pieces) -> list:
         boxes = [p.dst_box]
         for later in pieces[k + 1 :]:
             boxes = [part for b in boxes for part in _subtract(b, later.dst_box)]
-        out.extend((p, b) for b in boxes if _volume(b) > 0)
+        out.extend((p, b) for b in boxes if volume(b) > 0)
     return out
 
 
 def _subtract(a: Box, b: Box) -> list[Box]:
     """``a`` minus ``b`` as disjoint boxes."""
-    inter = [(max(l1, l2), min(h1, h2)) for (l1, h1), (l2, h2) in zip(a, b, strict=True)]
-    if any(lo >= hi for lo, hi in inter):
+    inter = intersect(a, b)
+    if inter is None:
         return [a]
     out, rest = [], list(a)
     for d, ((lo, hi), (ilo, ihi)) in enumerate(zip(a, inter, strict=True)):
@@ -146,7 +146,7 @@ def _disjoint_groups(items: list) -> list[list]:
     for item in items:
         target = _target_box(item)
         for group in groups:
-            if all(_volume(_intersect(target, _target_box(other))) == 0 for other in group):
+            if all(intersect(target, _target_box(other)) is None for other in group):
                 group.append(item)
                 break
         else:
@@ -156,19 +156,7 @@ def _disjoint_groups(items: list) -> list[list]:
 
 def _target_box(item) -> Box:
     box, offset = item
-    return tuple((o, o + hi - lo) for (lo, hi), o in zip(box, offset, strict=True))
-
-
-def _intersect(a: Box, b: Box) -> Box:
-    return tuple((max(l1, l2), min(h1, h2)) for (l1, h1), (l2, h2) in zip(a, b, strict=True))
-
-
-def _volume(b: Box) -> int:
-    return math.prod(max(0, hi - lo) for lo, hi in b)
-
-
-def _whole(shape: tuple[int, ...]) -> Box:
-    return tuple((0, n) for n in shape)
+    return place(box_shape(box), offset)
 
 
 # ------------------------------------------------------------ einsummables

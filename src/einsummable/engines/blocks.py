@@ -1,12 +1,15 @@
-"""A tensor kept as the blocks a run left on the workers: resident state between runs."""
+"""Outputs from blocks: a tensor kept as the blocks a run left on the workers (resident
+state between runs), or assembled into one array."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
+from einsummable.ir.box import Box, box_shape, intersect, slices, whole, within
 from einsummable.ir.dtypes import to_numpy
-
-Box = tuple[tuple[int, int], ...]
+from einsummable.lower.taskgraph import Output
 
 
 class Blocks:
@@ -25,17 +28,25 @@ class Blocks:
         exact = self.blocks.get(box)
         if exact is not None:
             return exact
-        out = np.empty([hi - lo for lo, hi in box], dtype=to_numpy(self.dtype))
+        out = np.empty(box_shape(box), dtype=to_numpy(self.dtype))
         for have, array in self.blocks.items():
-            meet = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, have, strict=True))
-            if all(lo < hi for lo, hi in meet) or not box:
-                dst = tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(meet, box, strict=True))
-                src = tuple(slice(lo - o, hi - o) for (lo, hi), (o, _) in zip(meet, have, strict=True))
-                out[dst] = array[src]
+            meet = intersect(box, have)
+            if meet is not None:
+                out[slices(within(meet, box))] = array[slices(within(meet, have))]
         return out
 
     def array(self) -> np.ndarray:
-        return self.get(tuple((0, n) for n in self.shape))
+        return self.get(whole(self.shape))
 
     def __repr__(self) -> str:
         return f"Blocks({self.dtype}{list(self.shape)}, {len(self.blocks)} blocks)"
+
+
+def assemble(out: Output, values: Mapping[int, np.ndarray]) -> np.ndarray:
+    """An output as one fresh array (never a view of a block) from its blocks' values."""
+    if len(out.blocks) == 1:
+        return np.array(values[out.blocks[0][0]], dtype=to_numpy(out.dtype), copy=True)
+    array = np.empty(out.shape, dtype=to_numpy(out.dtype))
+    for t, box in out.blocks:
+        array[slices(box)] = values[t]
+    return array

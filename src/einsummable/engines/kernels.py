@@ -14,10 +14,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from einsummable.ir import scalar
+from einsummable.ir.box import Box
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
 from einsummable.ir.expr import ONE, ZERO, Const, Expr, Input, call, inputs_used, substitute
-from einsummable.ir.graph import Box, Constant, FillKind, Ramp, Tril
+from einsummable.ir.graph import Constant, FillKind, Ramp, Tril
 from einsummable.ir.scalar_ops import is_call
 
 REDUCE = {"add": np.add, "mul": np.multiply, "min": np.minimum, "max": np.maximum}
@@ -104,10 +105,6 @@ def fill(kind: FillKind, dtype: str, box: Box) -> np.ndarray:
             view[d] = hi - lo
             out = out + step * np.arange(lo, hi, dtype=np.float64).reshape(view)
     return out.astype(np_dtype)
-
-
-def whole(shape: Sequence[int]) -> Box:
-    return tuple((0, n) for n in shape)
 
 
 Kernel = Callable[[Sequence[np.ndarray], dict | None], np.ndarray]

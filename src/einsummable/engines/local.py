@@ -25,7 +25,8 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from einsummable.engines import kernels, scheduler
-from einsummable.engines.blocks import Blocks
+from einsummable.engines.blocks import Blocks, assemble
+from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (
     ApplyTask,
@@ -71,12 +72,8 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _slices(box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
 def _input(task: InputTask):
-    box = _slices(task.box)
+    box = slices(task.box)
 
     def run(args, feeds, variables):
         src = feeds[task.name]
@@ -95,13 +92,13 @@ def _apply(task: ApplyTask):
 
 
 def _move(task: MoveTask):
-    box = _slices(task.box)
+    box = slices(task.box)
     return lambda args, feeds, variables: args[0][box]  # one address space: a view is the move
 
 
 def _partial(task: PartialTask):
-    full = tuple((0, n) for n in task.shape)
-    pieces = [(p.input, _slices(p.src), _slices(p.dst_box), p.dst_box == full) for p in task.pieces]
+    full = whole(task.shape)
+    pieces = [(p.input, slices(p.src), slices(p.dst_box), p.dst_box == full) for p in task.pieces]
     dtype = to_numpy(task.dtype)
     reduce = kernels.REDUCE[task.agg] if task.agg else None
     if all(whole for *_, whole in pieces):
@@ -239,13 +236,8 @@ class LocalProgram:
         for name, out in self.tg.outputs.items():
             if name in carry:
                 result[name] = Blocks(out.shape, out.dtype, {box: values[t] for t, box in out.blocks})
-            elif len(out.blocks) == 1:
-                result[name] = np.array(values[out.blocks[0][0]], dtype=to_numpy(out.dtype), copy=True)
             else:
-                array = np.empty(out.shape, dtype=to_numpy(out.dtype))
-                for t, box in out.blocks:
-                    array[_slices(box)] = values[t]
-                result[name] = array
+                result[name] = assemble(out, values)
         return result
 
 

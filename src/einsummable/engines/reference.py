@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from einsummable.engines import kernels
+from einsummable.engines import kernels, scheduler
+from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.graph import (
     ComplexView,
@@ -35,14 +36,13 @@ def _formation(node: Formation, args, feeds, variables):
 
 
 def _fill(node: Fill, args, feeds, variables):
-    return kernels.fill(node.kind, node.dtype, kernels.whole(node.shape))
+    return kernels.fill(node.kind, node.dtype, whole(node.shape))
 
 
 def _select(node: Select, args, feeds, variables):
     out = np.full(node.shape, node.pad, dtype=to_numpy(node.dtype))
     for p in node.pieces:
-        src = args[p.input][tuple(slice(lo, hi) for lo, hi in p.src)]
-        out[tuple(slice(lo, hi) for lo, hi in p.dst_box)] = src
+        out[slices(p.dst_box)] = args[p.input][slices(p.src)]
     return out
 
 
@@ -69,21 +69,13 @@ EVAL = {
 def run(graph: EinGraph, feeds: dict[str, np.ndarray], variables: dict[str, float] | None = None
         ) -> dict[str, np.ndarray]:
     """Evaluate every live node in order; feeds are assumed checked."""
-    live = graph.live()
-    remaining = [0] * len(graph.nodes)
-    for nid, node in enumerate(graph.nodes):
-        if live[nid]:
-            for i in node.inputs:
-                remaining[i] += 1
-    wanted = set(graph.outputs.values())
-    values: dict[int, np.ndarray] = {}
-    for nid, node in enumerate(graph.nodes):
-        if not live[nid]:
-            continue
-        args = [values[i] for i in node.inputs]
-        values[nid] = EVAL[type(node)](node, args, feeds, variables or {})
-        for i in node.inputs:
-            remaining[i] -= 1
-            if remaining[i] == 0 and i not in wanted:
-                del values[i]
+    nodes, live, variables = graph.nodes, graph.live(), variables or {}
+
+    def execute(nid: int, args: list) -> np.ndarray | None:
+        return EVAL[type(nodes[nid])](nodes[nid], args, feeds, variables) if live[nid] else None
+
+    values = scheduler.run_in_order(
+        [node.inputs if live[nid] else () for nid, node in enumerate(nodes)], execute,
+        keep=set(graph.outputs.values()), describe=lambda nid: f"%{nid} {nodes[nid].describe()}",
+    )
     return {name: np.array(values[nid], copy=True) for name, nid in graph.outputs.items()}

@@ -21,11 +21,7 @@ import heapq
 import threading
 from collections.abc import Callable, Sequence
 
-from einsummable.errors import EinsummableError
-
-
-class EngineError(EinsummableError):
-    """A task failed while a program ran; names the task and its graph node."""
+from einsummable.errors import EngineError
 
 
 def critical_path(inputs: Sequence[Sequence[int]], cost: Sequence[float]) -> list[float]:
@@ -69,7 +65,7 @@ def run(
             users[j].append(i)
             readers[j] += 1
     if workers <= 1:
-        return _run_inline(inputs, execute, keep, readers, describe, on_done)
+        return run_in_order(inputs, execute, keep, describe, on_done)
     state = _Shared(workers)
     for i in range(n):
         if pending[i] == 0:
@@ -137,7 +133,22 @@ class _Shared:
         self.error: tuple[int, BaseException] | None = None
 
 
-def _run_inline(inputs, execute, keep, readers, describe, on_done) -> dict[int, object]:
+def run_in_order(
+    inputs: Sequence[Sequence[int]],
+    execute: Callable[[int, list[object]], object],
+    keep: set[int],
+    describe: Callable[[int], str] = str,
+    on_done: Callable[[int], None] | None = None,
+) -> dict[int, object]:
+    """Execute tasks one after another in id order, freeing each value after its last reader.
+
+    The one-worker case of ``run``, and the loop of the two oracles (the reference and
+    sequential engines): they keep their own kernels but share this bookkeeping.
+    """
+    readers = [0] * len(inputs)
+    for ins in inputs:
+        for j in set(ins):
+            readers[j] += 1
     values: dict[int, object] = {}
     for i, ins in enumerate(inputs):
         try:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from einsummable.engines import kernels
+from einsummable.engines import kernels, scheduler
+from einsummable.engines.blocks import assemble
+from einsummable.ir.box import slices
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (
     ApplyTask,
@@ -23,12 +25,8 @@ from einsummable.lower.taskgraph import (
 )
 
 
-def _slices(box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
 def _input(task: InputTask, args, feeds, variables):
-    return feeds[task.name][_slices(task.box)]
+    return feeds[task.name][slices(task.box)]
 
 
 def _constant(task: ConstantTask, args, feeds, variables):
@@ -40,15 +38,15 @@ def _apply(task: ApplyTask, args, feeds, variables):
 
 
 def _move(task: MoveTask, args, feeds, variables):
-    return np.array(args[0][_slices(task.box)], copy=True)
+    return np.array(args[0][slices(task.box)], copy=True)
 
 
 def _partial(task: PartialTask, args, feeds, variables):
     out = np.full(task.shape, task.pad, dtype=to_numpy(task.dtype))
     written = np.zeros(task.shape, dtype=bool) if task.agg else None
     for p in task.pieces:
-        dst = _slices(p.dst_box)
-        piece = args[p.input][_slices(p.src)]
+        dst = slices(p.dst_box)
+        piece = args[p.input][slices(p.src)]
         if written is None:
             out[dst] = piece
             continue
@@ -78,19 +76,10 @@ EXEC = {
 def run(tg: TaskGraph, feeds: dict[str, np.ndarray], variables: dict[str, float] | None = None
         ) -> dict[str, np.ndarray]:
     """Execute every task in order and assemble the outputs from their blocks."""
-    remaining = tg.readers()
-    values: dict[int, np.ndarray] = {}
-    for t, task in enumerate(tg.tasks):
-        args = [values[i] for i in task.inputs]
-        values[t] = EXEC[type(task)](task, args, feeds, variables or {})
-        for i in task.inputs:
-            remaining[i] -= 1
-            if remaining[i] == 0:
-                del values[i]
-    result = {}
-    for name, out in tg.outputs.items():
-        array = np.empty(out.shape, dtype=to_numpy(out.dtype))
-        for t, box in out.blocks:
-            array[_slices(box)] = values[t]
-        result[name] = array
-    return result
+    tasks, variables = tg.tasks, variables or {}
+    values = scheduler.run_in_order(
+        [t.inputs for t in tasks], lambda t, args: EXEC[type(tasks[t])](tasks[t], args, feeds, variables),
+        keep={t for out in tg.outputs.values() for t, _ in out.blocks},
+        describe=lambda t: tasks[t].describe(),
+    )
+    return {name: assemble(out, values) for name, out in tg.outputs.items()}

@@ -42,7 +42,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from einsummable.engines.kernels import equality_gather
-from einsummable.errors import EinsummableError
+from einsummable.errors import SimulationError
+from einsummable.hardware.cluster import Cluster
+from einsummable.ir.box import whole
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.einsummable import IDENTITY, Einsummable
 from einsummable.lower.taskgraph import (
@@ -55,12 +57,6 @@ from einsummable.lower.taskgraph import (
     TaskGraph,
     ViewTask,
 )
-from einsummable.plan.cluster import Cluster
-
-
-class SimulationError(EinsummableError):
-    """A TaskGraph cannot be simulated on the given cluster."""
-
 
 # ------------------------------------------------------------ kernel time, per task kind
 
@@ -97,7 +93,7 @@ def apply_seconds(op: Einsummable, c: Cluster) -> float:
 
 
 def _partial_seconds(task: PartialTask, c: Cluster) -> float:
-    full = tuple((0, n) for n in task.shape)
+    full = whole(task.shape)
     out = _nbytes(task)
     if all(p.dst_box == full for p in task.pieces):
         # one whole piece is a view; k whole pieces are a copy and k-1 in-place sums

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from einsummable.errors import DtypeError, GraphError, ShapeError
 from einsummable.ir import scalar
+from einsummable.ir.box import whole
 from einsummable.ir.dot import render, to_dot
 from einsummable.ir.dtypes import DEFAULT, canonical
 from einsummable.ir.einsummable import IDENTITY, Einsummable
@@ -425,7 +426,7 @@ def getitem(x: Tensor, key) -> Tensor:
         else:
             raise ShapeError(f"unsupported index {k!r}; use ints, slices, None or ...")
         dim += 1
-    if all(b == (0, n) for b, n in zip(box, x.shape, strict=True)):
+    if tuple(box) == whole(x.shape):
         sub = x
     else:
         sub = select([hi - lo for lo, hi in box], [(x, tuple(box), (0,) * x.ndim)])
@@ -447,7 +448,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     pieces, offset = [], 0
     for t in tensors:
         dst = tuple(offset if d == axis else 0 for d in range(first.ndim))
-        pieces.append((t, tuple((0, n) for n in t.shape), dst))
+        pieces.append((t, whole(t.shape), dst))
         offset += t.shape[axis]
     shape = tuple(offset if d == axis else n for d, n in enumerate(first.shape))
     return select(shape, pieces)
@@ -457,7 +458,7 @@ def pad(x: Tensor, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Ten
     if len(widths) != x.ndim:
         raise ShapeError(f"pad widths {widths} need one (before, after) pair per axis of {x.shape}")
     shape = tuple(n + a + b for n, (a, b) in zip(x.shape, widths, strict=True))
-    return select(shape, [(x, tuple((0, n) for n in x.shape), tuple(a for a, _ in widths))], pad=value)
+    return select(shape, [(x, whole(x.shape), tuple(a for a, _ in widths))], pad=value)
 
 
 def view_as_complex(x: Tensor) -> Tensor:

@@ -13,12 +13,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from einsummable.errors import DtypeError, GraphError, ShapeError
+from einsummable.ir.box import Box, box_shape, fmt_box, intersect, place, shift, within
 from einsummable.ir.dtypes import COMPLEX, DTYPES, real_of
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import variables_used
 
 Shape = tuple[int, ...]
-Box = tuple[tuple[int, int], ...]
 
 
 def _fmt_shape(dtype: str, shape: Shape) -> str:
@@ -72,7 +72,7 @@ class Piece:
 
     @property
     def dst_box(self) -> Box:
-        return tuple((d, d + hi - lo) for d, (lo, hi) in zip(self.dst, self.src, strict=True))
+        return place(box_shape(self.src), self.dst)
 
 
 # ------------------------------------------------------------ node kinds
@@ -189,9 +189,20 @@ class Select:
                 if not 0 <= lo <= hi <= n:
                     raise ShapeError(f"select target box {p.dst_box} is outside output shape {self.shape}")
 
+    def reads(self, box: Box) -> list[tuple[int, tuple[int, Box], Box]]:
+        """What the output block ``box`` reads, per piece that meets it:
+        (piece number, (operand, source box), target box in the block's coordinates)."""
+        out = []
+        for n, p in enumerate(self.pieces):
+            hit = intersect(p.dst_box, box)
+            if hit is not None:
+                src = shift(hit, [d - s for d, (s, _) in zip(p.dst, p.src, strict=True)])
+                out.append((n, (p.input, src), within(hit, box)))
+        return out
+
     def describe(self) -> str:
         parts = " ".join(
-            f"{_fmt_box(p.src)}@{p.input}->{list(p.dst)}" for p in self.pieces
+            f"{fmt_box(p.src)}@{p.input}->{list(p.dst)}" for p in self.pieces
         )
         return f"select[{parts}{'' if self.pad == 0 else f' pad={self.pad}'}]"
 
@@ -249,10 +260,6 @@ def _check_shape(shape: Shape, what: str) -> None:
 def _check_dtype(dtype: str, what: str) -> None:
     if dtype not in DTYPES:
         raise DtypeError(f"{what} has dtype {dtype!r}; expected one of {DTYPES}")
-
-
-def _fmt_box(box: Box) -> str:
-    return "[" + ",".join(f"{lo}:{hi}" for lo, hi in box) + "]"
 
 
 # ------------------------------------------------------------ the graph

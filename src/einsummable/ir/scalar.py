@@ -390,29 +390,7 @@ def _d(e: Expr, i: int) -> Expr:
     return total
 
 
-# ---------------------------------------------------------------- classification
-
-
-def classify(e: Expr) -> str | None:
-    """Name the common forms kernels can hand to BLAS or skip entirely."""
-    x0, x1 = Input(0), Input(1)
-    if e == x0:
-        return "identity"
-    if isinstance(e, Call) and e.op in ("mul", "add") and set(e.args) == {x0, x1}:
-        return "product" if e.op == "mul" else "sum"
-    if is_call(e, "mul") and x0 in e.args:
-        other = e.args[1] if e.args[0] == x0 else e.args[0]
-        if isinstance(other, Const | Var):
-            return "scale"
-    return None
-
-
-def scale_factor(e: Expr, variables: dict[str, float] | None = None) -> float:
-    """The constant c of a ``scale`` join c * x0."""
-    other = e.args[1] if e.args[0] == Input(0) else e.args[0]
-    if isinstance(other, Const):
-        return other.value
-    return _variable(other.name, variables)
+# ---------------------------------------------------------------- run-time values
 
 
 def constant_value(e: Expr, variables: dict[str, float] | None = None) -> float | complex:
@@ -448,7 +426,6 @@ class Compiled:
         self.expr = parse(e)
         self.input_dtypes = tuple(input_dtypes)
         self.dtype = result_dtype(self.expr, self.input_dtypes)
-        self.kind = classify(self.expr)
         self._steps: list[tuple] = []
         self._plans: dict[tuple, list[tuple[int, ...]]] = {}
         memo: dict[Expr, tuple] = {}

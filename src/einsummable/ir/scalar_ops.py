@@ -259,7 +259,6 @@ _ops = [
 ]
 OPS: dict[str, OpRule] = {r.name: r for r in _ops}
 INFIX: dict[str, str] = {r.infix: r.name for r in _ops if r.infix}
-FUNCTIONS = tuple(name for name, r in OPS.items() if r.infix is None)
 LINEAR_UNARY = ("conj", "real", "imag")  # differentiated by applying the op to the tangent
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
-from einsummable.errors import PlanError
+from einsummable.ir.box import Box, box_shape, shift, whole
 from einsummable.ir.graph import (
     ComplexView,
     Constant,
@@ -38,11 +38,9 @@ from einsummable.lower.taskgraph import (
     Task,
     TaskGraph,
     ViewTask,
-    box_shape,
 )
-from einsummable.plan.partition import Box, Partition, shift
+from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
-from einsummable.plan.traffic import select_reads
 
 Located = tuple[int, int]  # (task id, location)
 
@@ -107,7 +105,7 @@ class _Lowering:
         shape = box_shape(box)
         if len(pieces) == 1:
             t, s, _ = pieces[0]
-            if s == tuple((0, n) for n in self.tasks[t].shape) and box_shape(s) == shape:
+            if s == whole(self.tasks[t].shape) and box_shape(s) == shape:
                 return t
         ts = [t for t, _, _ in pieces]
         srcs = [s for _, s, _ in pieces]
@@ -117,7 +115,7 @@ class _Lowering:
     def partial(self, ts, srcs, dsts, shape, dtype: str, agg: str | None, loc: int, pad: float = 0.0) -> int:
         """A partial of the given pieces; with none (an empty or all-padding block), a constant."""
         if not ts:
-            return self.add(ConstantTask(Constant(pad), tuple((0, n) for n in shape), dtype, loc))
+            return self.add(ConstantTask(Constant(pad), whole(shape), dtype, loc))
         inputs: list[int] = []
         pieces = []
         for t, src, dst in zip(ts, srcs, dsts, strict=True):
@@ -176,10 +174,10 @@ def _select(lw: _Lowering, nid: int) -> None:
     node: Select = lw.g.nodes[nid]
 
     def make(box: Box, w: int) -> int:
-        reads = select_reads(node, box)
+        reads = node.reads(box)
         ts = [lw.fetch(node.inputs[k], src, w) for _, (k, src), _ in reads]
         shape = box_shape(box)
-        if len(reads) == 1 and reads[0][2] == tuple((0, n) for n in shape):
+        if len(reads) == 1 and reads[0][2] == whole(shape):
             return ts[0]
         srcs = [tuple((0, hi - lo) for lo, hi in src) for _, (_, src), _ in reads]
         dsts = [tuple(lo for lo, _ in local) for _, _, local in reads]
@@ -212,10 +210,9 @@ LOWER = {
 }
 
 
-def lower(g: EinGraph, plan: Plan) -> TaskGraph:
-    """The TaskGraph of a placed plan, pruned to what the outputs need."""
-    if plan.graph is not g:
-        raise PlanError("the plan was made for a different graph")
+def lower(plan: Plan) -> TaskGraph:
+    """The TaskGraph of a placed plan (of ``plan.graph``), pruned to what the outputs need."""
+    g = plan.graph
     lw = _Lowering(g, plan)
     live = g.live()
     for nid, node in enumerate(g.nodes):

@@ -6,9 +6,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from einsummable.hardware.cluster import Cluster
+from einsummable.ir.box import fmt_box
 from einsummable.ir.dtypes import itemsize
-from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, TaskGraph, fmt_box
-from einsummable.plan.cluster import Cluster
+from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, TaskGraph
 
 
 @dataclass(frozen=True)

@@ -23,20 +23,12 @@ import math
 from dataclasses import dataclass, field
 
 from einsummable.errors import PlanError
+from einsummable.ir.box import Box, box_shape, fmt_box, volume
 from einsummable.ir.dtypes import COMPLEX, real_of
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.graph import FillKind, Piece
-from einsummable.plan.partition import Box, volume
 
 Shape = tuple[int, ...]
-
-
-def box_shape(box: Box) -> Shape:
-    return tuple(hi - lo for lo, hi in box)
-
-
-def fmt_box(box: Box) -> str:
-    return "[" + ",".join(f"{lo}:{hi}" for lo, hi in box) + "]"
 
 
 @dataclass(frozen=True)

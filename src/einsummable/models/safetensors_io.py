@@ -14,7 +14,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from einsummable.errors import EinsummableError
+from einsummable.errors import CheckpointError
 
 DTYPES = {
     "F64": np.dtype(np.float64),
@@ -28,10 +28,6 @@ DTYPES = {
     "BOOL": np.dtype(np.bool_),
 }
 NAMES = {v: k for k, v in DTYPES.items()}
-
-
-class CheckpointError(EinsummableError):
-    """A checkpoint file is corrupt, truncated or does not match the model."""
 
 
 def load(path: str | Path) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""The cost model of DESIGN.md §5, in bytes, as numpy arrays over candidate partitions.
+"""The cost model of docs/design.md §5, in bytes, as numpy arrays over candidate partitions.
 
 A candidate is a vector of block counts, one per dimension of a node's space. The
 cost of a choice of candidates is a sum of
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Fill, Formation
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.space import Space, nbytes
 
 FORBIDDEN = 1e30

@@ -1,7 +1,7 @@
 """EinDecomp: choose every node's partition to move as few bytes as possible.
 
 Inputs: an EinGraph, a worker count p and a Cluster. Output: block counts per
-node (a near-equal partition of its space). Policy (DESIGN.md §5):
+node (a near-equal partition of its space). Policy (docs/design.md §5):
 1. Cut the DAG into trees. Nodes are visited from the outputs toward the inputs;
    a node joins the tree of one consumer (the heaviest reader) when no other
    consumer is already in that tree, so every tree is an induced subgraph and a

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel
 from einsummable.plan.memory import Memory
 from einsummable.plan.space import Space

@@ -14,8 +14,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from einsummable.errors import PlanError
-
-Box = tuple[tuple[int, int], ...]
+from einsummable.ir.box import Box
 
 
 def split(n: int, k: int) -> tuple[int, ...]:
@@ -102,18 +101,3 @@ class Partition:
 
     def describe(self, names: Sequence[str]) -> str:
         return " ".join(f"{n}:{c}" for n, c in zip(names, self.counts, strict=True)) or "scalar"
-
-
-def intersect(a: Box, b: Box) -> Box | None:
-    """The common hyper-rectangle of two boxes, or None when they do not meet."""
-    out = tuple((max(lo1, lo2), min(hi1, hi2)) for (lo1, hi1), (lo2, hi2) in zip(a, b, strict=True))
-    return None if any(lo >= hi for lo, hi in out) else out
-
-
-def volume(box: Box) -> int:
-    return math.prod(hi - lo for lo, hi in box)
-
-
-def shift(box: Box, origin: Sequence[int]) -> Box:
-    """``box`` in coordinates relative to ``origin``."""
-    return tuple((lo - o, hi - o) for (lo, hi), o in zip(box, origin, strict=True))

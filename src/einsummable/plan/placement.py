@@ -6,7 +6,7 @@ Policy, node by node in topological order (list scheduling on the cluster model)
 - every other block goes to the worker where it would finish first: after that
   worker is free and after its inputs arrive there, where arrival adds the time
   to receive the bytes not already on that worker (flop time and F × bytes
-  received, as DESIGN.md §5 asks). A chain of small ops thus stays on one
+  received, as docs/design.md §5 asks). A chain of small ops thus stays on one
   worker, and the blocks of a big op spread;
 - only a few workers are weighed for each block (``candidates``): those holding
   most of its inputs, its own worker (block b leans to b mod p) and some of the
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.partition import Partition
 from einsummable.plan.space import Space
 from einsummable.plan.summary import node_seconds

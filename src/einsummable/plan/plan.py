@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.memory import holds_nothing, peak
 from einsummable.plan.partition import Partition
 from einsummable.plan.placement import place

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from functools import partial
 
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation, InputNode
 from einsummable.plan import baselines, eindecomp, figures, twolevel
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel, op_targets
 from einsummable.plan.memory import estimate
 from einsummable.plan.partition import Partition

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from einsummable.errors import PlanError
+from einsummable.ir.box import Box
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.einsummable import letter
 from einsummable.ir.graph import (
@@ -31,7 +32,6 @@ from einsummable.ir.graph import (
     Reshape,
     Select,
 )
-from einsummable.plan.partition import Box
 
 Axis = int | None
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.einsummable import IDENTITY, Einsummable
 from einsummable.ir.expr import Input
 from einsummable.ir.graph import EinsumNode, Node, Select
 from einsummable.ir.scalar_ops import is_call
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.memory import Memory
 
 

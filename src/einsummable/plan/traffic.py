@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from einsummable.ir.box import volume
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.graph import EinGraph, Fill, Select
-from einsummable.plan.partition import Box, Partition, intersect, volume
+from einsummable.plan.partition import Partition
 from einsummable.plan.space import Space
 
 
@@ -174,24 +175,11 @@ def _select_volumes(node: Select, k: int, part: Partition, prod: Partition) -> t
     """[select blocks, producer blocks] read volumes; equal source boxes in a block are read once."""
     vol = np.zeros((part.num_blocks, prod.num_blocks))
     for b, box in enumerate(part.boxes()):
-        boxes = {src for _, (j, src), _ in select_reads(node, box) if j == k}
+        boxes = {src for _, (j, src), _ in node.reads(box) if j == k}
         for src in boxes:
             for q, inter in prod.overlapping(src):
                 vol[b, q] += volume(inter)
     return vol, np.arange(part.num_blocks)
-
-
-def select_reads(node: Select, box: Box) -> list[tuple[int, tuple[int, Box], Box]]:
-    """For an output block: (piece number, (operand, source box), target box in block coordinates)."""
-    out = []
-    for n, p in enumerate(node.pieces):
-        hit = intersect(p.dst_box, box)
-        if hit is None:
-            continue
-        src = tuple((lo - d + s, hi - d + s) for (lo, hi), d, (s, _) in zip(hit, p.dst, p.src, strict=True))
-        local = tuple((lo - b, hi - b) for (lo, hi), (b, _) in zip(hit, box, strict=True))
-        out.append((n, (p.input, src), local))
-    return out
 
 
 def flops_per_block(sp: Space, part: Partition) -> np.ndarray:

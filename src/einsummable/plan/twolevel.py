@@ -36,9 +36,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from einsummable.errors import PlanError
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation
 from einsummable.plan import eindecomp
-from einsummable.plan.cluster import Cluster
 from einsummable.plan.cost import CostModel
 from einsummable.plan.memory import Memory, estimate, holds_nothing, lifetimes
 from einsummable.plan.partition import Partition, split

@@ -1,4 +1,4 @@
-"""The planner's workload suite, written in the language: matmul, the chain
+"""The planner's workload suite (tests, benchmarks), written in the language: matmul, the chain
 ``Y = C(DE) + AB``, an MLP forward and backward (gradients by hand, with einsums),
 and a Llama-style attention block. Each function returns an EinGraph."""
 

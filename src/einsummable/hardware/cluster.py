@@ -3,7 +3,7 @@
 ``flops_per_core`` is the GEMM rate; the simulator (engines/simulate.py) also reads
 an elementwise rate, a memory-copy rate, link latencies, a per-task overhead and
 the memory of a machine. ``Cluster.measure()`` fills these in for this machine
-(plan/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
+(hardware/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
 
 Workers are numbered machine-major: worker ``w`` is core ``w % cores`` of machine
 ``w // cores``. The defaults are rough figures for the 2-core development box
@@ -14,6 +14,7 @@ inside a machine, 10 Gbit/s between machines).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -53,9 +54,10 @@ class Cluster:
     @staticmethod
     def measure(machines: int = 1, cores: int | None = None) -> Cluster:
         """This machine's rates, measured with numpy (takes a few seconds)."""
-        from einsummable.plan.calibrate import measure  # numpy timing loops, loaded only when asked
+        from einsummable.hardware.calibrate import rates  # numpy timing loops, loaded only when asked
 
-        return measure(machines, cores)
+        cores = cores or os.cpu_count() or 1
+        return Cluster(machines=machines, cores=cores, **rates(cores))
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -76,14 +78,11 @@ class Cluster:
         Joins ``address`` (or starts a local Ray) when not yet connected; ``hardware``
         sets the rates (flops_per_core, bandwidths, ...) that Ray cannot know.
         """
-        try:
-            import ray  # an optional extra: the planner itself never needs it
-        except ModuleNotFoundError as err:
+        try:  # the Ray engine's own node discovery, so plan and engine agree on the machines
+            from einsummable.engines.ray.nodes import live_nodes
+        except ModuleNotFoundError as err:  # Ray is an optional extra: the planner itself never needs it
             raise PlanError("Cluster.from_ray needs Ray: pip install 'einsummable[ray]'") from err
-        if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
-        cpus = [int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n["Alive"]]
-        cpus = [c for c in cpus if c >= 1]
+        cpus = [int(n["Resources"]["CPU"]) for n in live_nodes(address)]
         if not cpus:
             raise PlanError("the Ray cluster has no live node with CPUs")
         return cls(machines=len(cpus), cores=min(cpus), **hardware)

@@ -6,7 +6,7 @@ numpy kernel in its own thread with BLAS held to one thread, so a figure is what
 one worker gets while its neighbours work too. Time is each thread's CPU time, so
 other programs sharing the box do not count against it. Moves inside a machine are memory
 copies, so ``bandwidth_within`` is the copy rate; the rates between machines,
-latencies and the per-task overhead keep the Cluster defaults unless given.
+latencies and the per-task overhead keep the Cluster defaults.
 
     cluster = Cluster.measure()             # or: einsummable calibrate --out cluster.json
 """
@@ -18,12 +18,9 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 
 import numpy as np
 from threadpoolctl import threadpool_limits
-
-from einsummable.plan.cluster import Cluster
 
 GEMM_N = 1024
 ELEMENTS = 1 << 22  # 16 MiB of f32: out of cache, like a real block
@@ -82,15 +79,12 @@ def _copy() -> Callable[[], None]:
     return lambda: np.array(src, copy=True)
 
 
-def measure(machines: int = 1, cores: int | None = None, **given: float) -> Cluster:
-    """A Cluster with this machine's measured rates; ``given`` overrides any field."""
-    cores = cores or os.cpu_count() or 1
+def rates(cores: int) -> dict[str, float]:
+    """This machine's measured Cluster fields (rates and memory) with ``cores`` busy cores."""
     with threadpool_limits(1, "blas"):
         gemm = 2 * GEMM_N**3 / _per_core_seconds(cores, _gemm)
         elementwise = 2 * ELEMENTS / _per_core_seconds(cores, _elementwise)
         copy = 4 * COPY_ELEMENTS / _per_core_seconds(cores, _copy)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    cluster = Cluster(machines=machines, cores=cores, flops_per_core=gemm, bandwidth_within=copy,
-                      elementwise_flops_per_core=elementwise, copy_bandwidth=copy,
-                      memory_per_machine=float(memory))
-    return replace(cluster, **given)
+    return {"flops_per_core": gemm, "bandwidth_within": copy, "elementwise_flops_per_core": elementwise,
+            "copy_bandwidth": copy, "memory_per_machine": float(memory)}

@@ -1,0 +1,205 @@
+"""A planned worker as a Ray actor: its share of each program, its resident blocks, its mailbox.
+
+Each actor runs its part of a TaskGraph with the shared dependency loop
+(``scheduler.run``): location 0 computes and sends, location 1 receives. Blocks for
+other workers are handed to their actors directly (``deliver``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import ray
+from threadpoolctl import threadpool_limits
+
+from einsummable.engines import local, scheduler
+from einsummable.engines.blocks import Blocks
+from einsummable.errors import EngineError
+from einsummable.ir.box import slices
+from einsummable.lower.taskgraph import MoveTask, TaskGraph
+
+INLINE_BYTES = 100_000  # Ray inlines arguments this small anyway; larger moves go by ObjectRef
+
+
+class _Aborted(Exception):
+    """The driver called the run off: another worker failed or died."""
+
+
+class _Mailbox:
+    """Blocks delivered by other workers, keyed by (program, run, message)."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.items: dict[tuple, object] = {}
+        self.aborted: set[tuple[str, int]] = set()
+        self.closed: dict[str, int] = {}  # program -> last finished run; later deliveries are dropped
+
+    def put(self, pid: str, run: int, key: tuple, payload: object) -> None:
+        with self.cond:
+            if run > self.closed.get(pid, -1):
+                self.items[(pid, run, key)] = payload
+                self.cond.notify_all()
+
+    def take(self, pid: str, run: int, key: tuple, deadline: float) -> object:
+        with self.cond:
+            while (pid, run, key) not in self.items:
+                if (pid, run) in self.aborted:
+                    raise _Aborted("the run was aborted")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no delivery of {key} within the run's deadline")
+                self.cond.wait(left)
+            return self.items.pop((pid, run, key))
+
+    def abort(self, pid: str, run: int) -> None:
+        with self.cond:
+            if run > self.closed.get(pid, -1):
+                self.aborted.add((pid, run))
+            self.cond.notify_all()
+
+    def close(self, pid: str, run: int) -> None:
+        with self.cond:
+            self.closed[pid] = max(run, self.closed.get(pid, -1))
+            self.aborted.discard((pid, run))
+            for k in [k for k in self.items if k[0] == pid and k[1] <= run]:
+                del self.items[k]
+
+
+class _Run:
+    """What one run's steps share inside an actor."""
+
+    def __init__(self, pid, run, feeds, variables, mailbox, peers, timeout) -> None:
+        self.pid, self.run, self.feeds, self.variables = pid, run, feeds, variables
+        self.mailbox, self.peers = mailbox, peers
+        self.deadline = time.monotonic() + timeout
+
+    def send(self, dest: int, key: tuple, block: np.ndarray) -> None:
+        payload = np.asarray(block) if block.nbytes <= INLINE_BYTES else [ray.put(block)]
+        self.peers[dest].deliver.remote(self.pid, self.run, key, payload)
+
+    def receive(self, key: tuple) -> np.ndarray:
+        payload = self.mailbox.take(self.pid, self.run, key, self.deadline)
+        if isinstance(payload, list):  # an ObjectRef, wrapped so that Ray passes it unresolved
+            return ray.get(payload[0], timeout=max(self.deadline - time.monotonic(), 0.0))
+        return payload
+
+
+class _Part:
+    """One worker's share of a TaskGraph: its tasks, plus a send or a receive per crossing move.
+
+    Location 0 of the local loop computes and sends; location 1 receives, in task
+    order, so that the earliest unfinished task of the whole graph can always run.
+    """
+
+    def __init__(self, tg: TaskGraph, me: int, rank: list[float]) -> None:
+        self.ids = [t for t, task in enumerate(tg.tasks)
+                    if task.loc == me or (isinstance(task, MoveTask) and task.src == me)]
+        self.index = {t: k for k, t in enumerate(self.ids)}
+        self.inputs: list[tuple[int, ...]] = []
+        self.location: list[int] = []
+        self.rank: list[float] = []
+        self.steps = []
+        for t in self.ids:
+            task = tg.tasks[t]
+            crossing = isinstance(task, MoveTask) and task.src != task.loc
+            receive = crossing and task.loc == me
+            self.inputs.append(() if receive else tuple(self.index[i] for i in task.inputs))
+            self.location.append(1 if receive else 0)
+            self.rank.append(-float(t) if receive else rank[t])
+            if receive:
+                self.steps.append(lambda args, run, key=("move", t): run.receive(key))
+            elif crossing:
+                self.steps.append(_sender(t, task))
+            else:
+                step = local.PREPARE[type(task)](task)
+                self.steps.append(lambda args, run, step=step: step(args, run.feeds, run.variables))
+        self.describe = [f"%{t} @{tg.tasks[t].loc} {tg.tasks[t].describe()}" for t in self.ids]
+
+
+def _sender(t: int, task: MoveTask):
+    box = slices(task.box)
+
+    def send(args, run):
+        run.send(task.loc, ("move", t), args[0][box])
+
+    return send
+
+
+@ray.remote(max_concurrency=16, max_restarts=0, num_cpus=0)
+class Worker:
+    """A planned worker: holds its parts of programs, its resident blocks and its mailbox."""
+
+    def __init__(self) -> None:
+        # one BLAS thread per worker, set once: this process is the worker's own
+        self._blas = threadpool_limits(1, user_api="blas")
+        self.mailbox = _Mailbox()
+        self.parts: dict[str, _Part] = {}
+        self.peers: dict[str, list] = {}
+        self.store: dict[tuple, np.ndarray] = {}
+
+    def setup(self, pid: str, program: tuple[TaskGraph, list[float]], me: int, peers: list) -> str:
+        tg, rank = program
+        self.parts[pid] = _Part(tg, me, rank)
+        self.peers[pid] = peers
+        return ray.get_runtime_context().get_node_id()
+
+    def ping(self) -> None:
+        """Answers while the actor lives: a new program checks the actors it reuses with it."""
+
+    def set_peers(self, pid: str, peers: list) -> None:
+        self.peers[pid] = peers
+
+    def forget(self, pid: str) -> None:
+        self.parts.pop(pid, None)
+        self.peers.pop(pid, None)
+        for key in [k for k in self.store if k[0] == pid]:
+            del self.store[key]
+
+    def deliver(self, pid: str, run: int, key: tuple, payload: object) -> None:
+        self.mailbox.put(pid, run, key, payload)
+
+    def abort(self, pid: str, run: int) -> None:
+        self.mailbox.abort(pid, run)
+
+    def get(self, keys: list[tuple]) -> list[np.ndarray]:
+        return [self.store[k] for k in keys]
+
+    def drop(self, keys: list[tuple]) -> None:
+        for k in keys:
+            self.store.pop(k, None)
+
+    def run(self, pid: str, run: int, feeds: dict, sends: list, variables: dict[str, float],
+            fetch: list[int], carry: list[tuple[int, tuple]], timeout: float) -> tuple[str, object]:
+        """Run this worker's part; return ("ok", fetched blocks) or ("error" | "aborted", message)."""
+        part = self.parts[pid]
+        ctx = _Run(pid, run, {}, variables, self.mailbox, self.peers[pid], timeout)
+        try:
+            for key, box, dest, msg in sends:  # resident pieces others read: send before waiting on any
+                ctx.send(dest, msg, self.store[key][slices(box)])
+            ctx.feeds = {name: Blocks(shape, dtype, {box: self._piece(ctx, source) for box, source in pieces})
+                         for name, (shape, dtype, pieces) in feeds.items()}
+            keep = {part.index[t] for t in fetch} | {part.index[t] for t, _ in carry}
+            values = scheduler.run(part.inputs, lambda i, args: part.steps[i](args, ctx),
+                                   location=part.location, workers=2, keep=keep, rank=part.rank,
+                                   describe=lambda i: part.describe[i])
+        except (EngineError, _Aborted, TimeoutError, KeyError) as err:
+            cause = err.__cause__ if isinstance(err, EngineError) else err
+            kind = "aborted" if isinstance(cause, _Aborted) else "error"
+            return kind, f"{type(err).__name__}: {err}"
+        finally:
+            self.mailbox.close(pid, run)
+        for t, key in carry:
+            self.store[key] = values[part.index[t]]
+        return "ok", {t: values[part.index[t]] for t in fetch}
+
+    def _piece(self, ctx: _Run, source: tuple[str, object]) -> np.ndarray:
+        where, key = source
+        if where == "feed":
+            return key
+        if where == "msg":
+            return ctx.receive(key)
+        if key not in self.store:
+            raise KeyError(f"resident block {key[2:]} is not held here")
+        return self.store[key]

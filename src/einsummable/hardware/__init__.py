@@ -1,0 +1,1 @@
+"""The hardware model: the cluster the planner plans for and the simulator simulates, and its calibration."""
