@@ -1,6 +1,6 @@
 """Two-level EinDecomp: decompose across machines, then each machine's blocks across its cores.
 
-DESIGN.md §5, "Two levels in practice". A node's partition is the product of two
+docs/design.md §5, "Two levels in practice". A node's partition is the product of two
 count vectors: ``cm`` (blocks across machines) and ``cc`` (blocks of one machine's
 block across its cores), laid out nested, so every fine block lies inside one
 machine block and runs on that machine.
