@@ -12,23 +12,23 @@ laid out machine-major. Either way the plan must fit ``memory_per_machine``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from functools import partial
 
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.graph import EinGraph, Formation, InputNode
+from einsummable.ir.graph import EinGraph, Formation
 from einsummable.plan import baselines, eindecomp, figures, twolevel
-from einsummable.plan.cost import CostModel, op_targets
+from einsummable.plan.cost import CostModel
 from einsummable.plan.memory import estimate
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan, build, check_plan
-from einsummable.plan.space import Space, nbytes, spaces
+from einsummable.plan.space import Space, spaces
 from einsummable.plan.summary import Summary
 
 Counts = tuple[int, ...]
 PLANNERS = ("eindecomp", *baselines.BASELINES)
+SEEDS = ("data_parallel", "model_parallel")  # experts' layouts across machines, EinDecomp's other starts
 
 
 def choose(
@@ -86,9 +86,14 @@ def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: C
     outer = twolevel.outer_spaces(g, sps)
     model = CostModel(g, outer, cluster.machines, twolevel.machine_view(cluster), live, gather_once=True)
     if planner == "eindecomp":
-        tl, memory = twolevel.solve(g, outer, model, cluster, live, check_memory)
+        def score(cm: list[Counts]) -> float:
+            nic_in, nic_out = figures.nic_bytes(g, model, cm, live, cluster.machines)
+            return max(nic_in.max(), nic_out.max())
+
+        seeds = [twolevel.expert_across(name, g, outer, live, cluster) for name in SEEDS]
+        tl, memory = twolevel.solve(g, outer, model, cluster, live, score, seeds, check_memory)
     else:
-        tl = expert(planner, g, sps, outer, live, cluster)
+        tl = twolevel.expert(planner, g, sps, outer, live, cluster)
         memory = estimate(g, outer, tl.cm, live, replicated=planner in baselines.REPLICATED)
         if check_memory and memory.peak > cluster.memory_per_machine:
             raise PlanError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} GiB "
@@ -121,27 +126,3 @@ def _formations_follow(g: EinGraph, sps: Sequence[Space],
             u = node.inputs[0]
             out[v] = out[u].restrict(sps[u].out_dims)
     return tuple(out)
-
-
-def expert(name: str, g: EinGraph, sps: Sequence[Space], outer: Sequence[Space], live: Sequence[bool],
-           cluster: Cluster) -> twolevel.TwoLevel:
-    """A baseline's two-level counts: across machines, then within each machine's blocks."""
-    size = [float(nbytes(n)) for n in g.nodes]
-    data = baselines.data_dims(g, outer)
-    batch = baselines.batch_dims(g, outer)
-    first = baselines.data_input(g, baselines.dim_classes(g, outer))
-    # parameters and optimizer state, and the gradients: sums over the batch
-    state = [
-        (isinstance(node, InputNode) and v != first and math.prod(node.shape) >= cluster.machines)
-        or (sp.kind == "data" and isinstance(node, Formation)
-            and batch[node.inputs[0]] in outer[node.inputs[0]].aggregated)
-        for v, (node, sp) in enumerate(zip(g.nodes, outer, strict=True))
-    ]
-    targets = op_targets(g, outer, cluster.machines, twolevel.machine_view(cluster), size)
-    targets = [cluster.machines if state[v] else t for v, t in enumerate(targets)]
-    cm = baselines.level(name, g, outer, live, targets, data, state, across=True)
-    isps, isize = twolevel.inner(g, outer, cm)
-    inner_targets = op_targets(g, isps, cluster.cores, cluster, isize)
-    cc = baselines.level(name, g, isps, live, inner_targets, baselines.data_dims(g, isps), [False] * len(sps),
-                         across=False)
-    return twolevel.TwoLevel(tuple(cm), tuple(cc))

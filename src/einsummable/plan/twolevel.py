@@ -30,16 +30,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.graph import EinGraph, Formation
-from einsummable.plan import eindecomp
-from einsummable.plan.cost import CostModel
+from einsummable.ir.graph import EinGraph, Formation, InputNode
+from einsummable.plan import baselines, eindecomp
+from einsummable.plan.cost import CostModel, op_targets
 from einsummable.plan.memory import Memory, estimate, holds_nothing, lifetimes
 from einsummable.plan.partition import Partition, split
 from einsummable.plan.space import Space, nbytes
@@ -128,9 +128,10 @@ def _picks(model: CostModel, picks: Sequence[int]) -> list[Counts]:
 
 
 def solve(g: EinGraph, outer: Sequence[Space], model: CostModel, cluster: Cluster, live: Sequence[bool],
+          score: Callable[[list[Counts]], float], seeds: Sequence[Sequence[Counts]] = (),
           check_memory: bool = True) -> tuple[TwoLevel, Memory]:
     """The two-level plan and its memory estimate; ``model`` is the level-1 cost model."""
-    cm, memory = fit(g, outer, model, cluster, live, check_memory)
+    cm, memory = fit(g, outer, model, cluster, live, score, seeds, check_memory)
     isps, isize = inner(g, outer, cm)
     inner_model = CostModel(g, isps, cluster.cores, cluster, live, node_bytes=isize)
     cc = _picks(inner_model, eindecomp.solve(g, inner_model, live))
@@ -138,21 +139,37 @@ def solve(g: EinGraph, outer: Sequence[Space], model: CostModel, cluster: Cluste
 
 
 def fit(g: EinGraph, outer: Sequence[Space], model: CostModel, cluster: Cluster, live: Sequence[bool],
+        score: Callable[[list[Counts]], float], seeds: Sequence[Sequence[Counts]],
         check_memory: bool) -> tuple[list[Counts], Memory]:
-    """Level 1 under the memory bound: the cheapest plan found that fits, raising the penalty."""
+    """Level 1 under the memory bound, searched from several starts.
+
+    The search starts from scratch and from each seed (the experts' layouts across
+    machines): block coordinate descent from a seed never costs more than the seed
+    on the model. The model charges every reader its own copy, which the lowering
+    shares, so the seeds themselves stay in the running: of all these plans that
+    fit, the one with the lowest ``score`` (the busiest NIC's bytes, counted with
+    shared copies) wins. When none fits, the penalty on long-lived bytes per machine
+    rises and the search runs again.
+    """
     base = model.unary
     life = lifetimes(g, outer, live)
+    starts = [None, *(_indices(model, seed) for seed in seeds)]
     best: tuple[list[Counts], Memory] | None = None
     try:
         for penalty in PENALTIES:
             if penalty:
                 model.unary = [u + penalty * life[v] * _per_machine(g, outer, model, v)
                                for v, u in enumerate(base)]
-            cm = _picks(model, eindecomp.solve(g, model, live))
-            memory = estimate(g, outer, cm, live)
-            if best is None or memory.peak < best[1].peak:
-                best = (cm, memory)
-            if memory.peak <= cluster.memory_per_machine or not check_memory:
+            fits: list[tuple[float, list[Counts], Memory]] = []
+            found = [_picks(model, eindecomp.solve(g, model, live, start)) for start in starts]
+            for cm in [*found, *(list(seed) for seed in seeds)]:
+                memory = estimate(g, outer, cm, live)
+                if best is None or memory.peak < best[1].peak:
+                    best = (cm, memory)
+                if memory.peak <= cluster.memory_per_machine or not check_memory:
+                    fits.append((score(cm), cm, memory))
+            if fits:
+                _, cm, memory = min(fits, key=lambda f: f[0])
                 return cm, memory
     finally:
         model.unary = base
@@ -160,6 +177,45 @@ def fit(g: EinGraph, outer: Sequence[Space], model: CostModel, cluster: Cluster,
     raise PlanError(
         f"no plan fits {cluster.memory_per_machine / 2**30:.1f} GiB per machine on {cluster}: the smallest "
         f"peak found is {best[1].describe()}; add machines or memory, or rematerialise activations")
+
+
+def _indices(model: CostModel, counts: Sequence[Counts]) -> list[int]:
+    """The candidate index of each node's counts (-1 where they are not a candidate)."""
+    out = []
+    for v, c in enumerate(counts):
+        hit = np.flatnonzero((model.cands[v] == np.array(c)).all(axis=1))
+        out.append(int(hit[0]) if len(hit) else -1)
+    return out
+
+
+def expert(name: str, g: EinGraph, sps: Sequence[Space], outer: Sequence[Space], live: Sequence[bool],
+           cluster: Cluster) -> TwoLevel:
+    """A baseline's two-level counts: across machines, then within each machine's blocks."""
+    cm = expert_across(name, g, outer, live, cluster)
+    isps, isize = inner(g, outer, cm)
+    inner_targets = op_targets(g, isps, cluster.cores, cluster, isize)
+    cc = baselines.level(name, g, isps, live, inner_targets, baselines.data_dims(g, isps), [False] * len(sps),
+                         across=False)
+    return TwoLevel(tuple(cm), tuple(cc))
+
+
+def expert_across(name: str, g: EinGraph, outer: Sequence[Space], live: Sequence[bool],
+                  cluster: Cluster) -> list[Counts]:
+    """A baseline's counts across machines."""
+    size = [float(nbytes(n)) for n in g.nodes]
+    data = baselines.data_dims(g, outer)
+    batch = baselines.batch_dims(g, outer)
+    first = baselines.data_input(g, baselines.dim_classes(g, outer))
+    # parameters and optimizer state, and the gradients: sums over the batch
+    state = [
+        (isinstance(node, InputNode) and v != first and math.prod(node.shape) >= cluster.machines)
+        or (sp.kind == "data" and isinstance(node, Formation)
+            and batch[node.inputs[0]] in outer[node.inputs[0]].aggregated)
+        for v, (node, sp) in enumerate(zip(g.nodes, outer, strict=True))
+    ]
+    targets = op_targets(g, outer, cluster.machines, machine_view(cluster), size)
+    targets = [cluster.machines if state[v] else t for v, t in enumerate(targets)]
+    return baselines.level(name, g, outer, live, targets, data, state, across=True)
 
 
 def _per_machine(g: EinGraph, sps: Sequence[Space], model: CostModel, v: int) -> np.ndarray:
