@@ -27,6 +27,7 @@ a hand-written strategy would lay out its data. Formations inherit.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 from einsummable.ir.graph import EinGraph, InputNode
@@ -35,8 +36,24 @@ from einsummable.plan.space import Space
 Counts = tuple[int, ...]
 
 
+_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def dim_classes(g: EinGraph, spaces: Sequence[Space]) -> dict[tuple[int, int], tuple[int, int]]:
-    """Union-find over (node, space dim): an operand axis is the same index as its producer's."""
+    """Union-find over (node, space dim): an operand axis is the same index as its producer's.
+
+    The classes depend only on which dims the operands follow, the same for a graph's
+    spaces and for its machine blocks, so they are kept per graph (while it does not grow)."""
+    key = tuple((sp.out_dims, sp.operands) for sp in spaces)
+    cached = _CLASSES.get(g)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    classes = _classes(g, spaces)
+    _CLASSES[g] = (key, classes)
+    return classes
+
+
+def _classes(g: EinGraph, spaces: Sequence[Space]) -> dict[tuple[int, int], tuple[int, int]]:
     parent: dict[tuple[int, int], tuple[int, int]] = {}
 
     def find(x: tuple[int, int]) -> tuple[int, int]:

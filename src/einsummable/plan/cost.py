@@ -107,6 +107,7 @@ class CostModel:
             float(nbytes(n)) for n in g.nodes]
         self._cache: dict[tuple, np.ndarray] = {}
         self._arrays: dict[tuple, np.ndarray] = {}
+        self._index: dict[int, dict[tuple[int, ...], int]] = {}
         self.targets = targets = op_targets(g, spaces, p, cluster, self.bytes)
         sizes = sorted(set(divisors(p)) | {t for t, ok in zip(targets, live, strict=True) if ok})
         self.cands: list[np.ndarray] = []
@@ -209,16 +210,33 @@ class CostModel:
             return FORBIDDEN
         return self.bytes[u] * (self.p if self.gather_once else 1)
 
+    def index(self, v: int, counts: Sequence[int]) -> int:
+        """The candidate number of ``counts`` for node v, or -1 when it is no candidate."""
+        table = self._index.get(id(self.cands[v]))
+        if table is None:
+            table = self._index[id(self.cands[v])] = {tuple(int(x) for x in c): i
+                                                      for i, c in enumerate(self.cands[v])}
+        return table.get(tuple(counts), -1)
+
+    def edge_at(self, u: int, v: int, k: int, counts: Sequence[Sequence[int]], at: Sequence[int]) -> float:
+        """The edge cost for the given counts (``at``: their candidate numbers, -1 for none)."""
+        if at[u] >= 0 and at[v] >= 0:
+            return float(self.unit_t(u, v, k)[at[v], at[u]]) * self.scale(u)
+        return float(self.edge_cost(u, v, k, np.array([counts[u]]), np.array([counts[v]]))[0, 0])
+
     def evaluate(self, counts: Sequence[Sequence[int]], live: Sequence[bool]) -> float:
         """The model cost of any plan, given its block counts per node."""
-        arrays = [np.array([c], dtype=np.int64) for c in counts]
+        at = [self.index(v, c) for v, c in enumerate(counts)]
         total = 0.0
         for v, node in enumerate(self.g.nodes):
             if not live[v]:
                 continue
-            total += float(self.node_cost(v, arrays[v].reshape(1, -1))[0])
+            if at[v] >= 0:
+                total += float(self.unary[v][at[v]])
+            else:
+                total += float(self.node_cost(v, np.array([counts[v]], dtype=np.int64))[0])
             for k, u in enumerate(node.inputs):
-                total += float(self.edge_cost(u, v, k, arrays[u], arrays[v])[0, 0])
+                total += self.edge_at(u, v, k, counts, at)
         return total
 
 

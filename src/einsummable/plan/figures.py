@@ -38,7 +38,7 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
     machines send ``(k - 1) |out|`` whatever partition their formation takes (a
     reduce-scatter moves no more than a reduce)."""
     nic_in, nic_out = np.zeros(machines), np.zeros(machines)
-    arrays = [np.array([c], dtype=np.int64) for c in cm]
+    at = [model.index(v, c) for v, c in enumerate(cm)]
     spread = [np.arange(math.prod(c)) % machines for c in cm]
 
     def charge(nbytes: float, src: int, dst: int) -> None:
@@ -61,7 +61,7 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
             copies = n // math.prod(need)
             if (u, need, copies) not in seen:
                 seen.add((u, need, copies))
-                charge(float(model.edge_cost(u, v, k, arrays[u], arrays[v])[0, 0]), u, v)
+                charge(model.edge_at(u, v, k, cm, at), u, v)
         if sp.aggregated:
             charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0), v, v)
     return nic_in, nic_out

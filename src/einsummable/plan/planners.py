@@ -28,7 +28,7 @@ from einsummable.plan.summary import Summary
 
 Counts = tuple[int, ...]
 PLANNERS = ("eindecomp", *baselines.BASELINES)
-SEEDS = ("data_parallel", "model_parallel")  # experts' layouts across machines, EinDecomp's other starts
+SEEDS = ("data_parallel",)  # experts' layouts across machines, EinDecomp's other starts
 
 
 def choose(

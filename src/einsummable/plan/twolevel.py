@@ -28,6 +28,7 @@ than cores over the cores so that small ops do not all queue on core 0.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable, Sequence
@@ -90,14 +91,17 @@ def inner(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts]) -> tuple[tupl
 
 def nested(shape: Sequence[int], cm: Counts, cc: Counts) -> Partition:
     """``cm`` near-equal blocks per dimension, each cut into ``cc`` near-equal blocks."""
-    bounds = []
-    for n, a, b in zip(shape, cm, cc, strict=True):
-        outer = split(n, a)
-        cuts = [0]
-        for lo, hi in itertools.pairwise(outer):
-            cuts.extend(lo + x for x in split(hi - lo, b)[1:])
-        bounds.append(tuple(cuts) if n else (0, 0))
-    return Partition(tuple(bounds))
+    return Partition(tuple(_nested(n, a, b) for n, a, b in zip(shape, cm, cc, strict=True)))
+
+
+@functools.lru_cache(maxsize=65536)
+def _nested(n: int, a: int, b: int) -> tuple[int, ...]:
+    if not n:
+        return (0, 0)
+    cuts = [0]
+    for lo, hi in itertools.pairwise(split(n, a)):
+        cuts.extend(lo + x for x in split(hi - lo, b)[1:])
+    return tuple(cuts)
 
 
 def rotations(tl: TwoLevel, cores: int) -> list[int]:
