@@ -22,12 +22,12 @@ from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
 from einsummable.plan.cost import CostModel
 from einsummable.plan.memory import Memory
 from einsummable.plan.space import Space
-from einsummable.plan.summary import Summary, node_seconds
+from einsummable.plan.summary import Summary, critical_path, node_seconds
 from einsummable.plan.twolevel import TwoLevel, rotations
 
 
 def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
-              machines: int) -> tuple[np.ndarray, np.ndarray]:
+              machines: int, cc: Sequence[tuple[int, ...]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Bytes into and out of each machine's NIC, leaving the machines that hold the
     producer's blocks and entering those that run the reader's, evenly.
 
@@ -36,7 +36,13 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
     readers needing the same pieces in the same way receive them once (a machine
     keeps what it received, as the lowering does), and that partial sums across
     machines send ``(k - 1) |out|`` whatever partition their formation takes (a
-    reduce-scatter moves no more than a reduce)."""
+    reduce-scatter moves no more than a reduce).
+
+    With ``cc`` (the counts within a machine) the bytes are those the lowering moves
+    today: each core fetches its own piece from another machine, so a piece that r
+    cores of a machine read whole crosses r times, and each core's partial sum
+    crosses on its own. Without, a machine receives each piece once, as the
+    hardware model intends (cores share memory)."""
     nic_in, nic_out = np.zeros(machines), np.zeros(machines)
     at = [model.index(v, c) for v, c in enumerate(cm)]
     spread = [np.arange(math.prod(c)) % machines for c in cm]
@@ -59,11 +65,14 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
                 continue
             need = tuple(cm[v][d] if d is not None else 1 for d in sp.operands[k])
             copies = n // math.prod(need)
-            if (u, need, copies) not in seen:
-                seen.add((u, need, copies))
-                charge(model.edge_at(u, v, k, cm, at), u, v)
+            per_core = 1 if cc is None else math.prod(cc[v]) // math.prod(
+                cc[v][d] for d in sp.operands[k] if d is not None)
+            if (u, need, copies, per_core) not in seen:
+                seen.add((u, need, copies, per_core))
+                charge(model.edge_at(u, v, k, cm, at) * per_core, u, v)
         if sp.aggregated:
-            charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0), v, v)
+            pieces = 1 if cc is None else math.prod(cc[v][d] for d in sp.aggregated)
+            charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0) * pieces, v, v)
     return nic_in, nic_out
 
 
@@ -87,7 +96,7 @@ def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Clust
 def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel, cluster: Cluster,
               live: Sequence[bool], memory: Memory, model_bytes: float, within: float) -> Summary:
     """``model``: the level-1 cost model (over the machines)."""
-    nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines)
+    nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines, tl.cc)
     secs, flops = core_seconds(g, sps, tl, cluster, live)
     busiest = float(max(nic_in.max(), nic_out.max()))
     return Summary(
@@ -95,7 +104,8 @@ def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel,
         bytes_within=within,
         bytes_across=float(nic_in.sum()),
         model_bytes=model_bytes,
-        compute_seconds=float(secs.max()),
+        compute_seconds=max(float(secs.max()), critical_path(g, live, [math.prod(tl.counts(v)) for v in
+                                                                       range(len(g.nodes))], cluster)),
         nic_bytes=busiest,
         network_seconds=busiest / cluster.bandwidth_across,
         memory=memory,

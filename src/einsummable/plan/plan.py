@@ -20,7 +20,7 @@ from einsummable.plan.memory import holds_nothing, peak
 from einsummable.plan.partition import Partition
 from einsummable.plan.placement import place
 from einsummable.plan.space import Space, nbytes, spaces
-from einsummable.plan.summary import Summary
+from einsummable.plan.summary import Summary, critical_path
 from einsummable.plan.traffic import block_indices
 
 if TYPE_CHECKING:
@@ -94,7 +94,8 @@ def build(
             np.add.at(held[v], np.array(placed.locs[v], dtype=np.int64) // cluster.cores, sizes)
     memory = peak(g, sps, live, held, np.zeros_like(held))
     nic = float(placed.nic_in.max())
-    summary = Summary(placed.flops, placed.within, placed.across, model_bytes, float(placed.seconds.max()),
+    compute = max(float(placed.seconds.max()), critical_path(g, live, [p.num_blocks for p in parts], cluster))
+    summary = Summary(placed.flops, placed.within, placed.across, model_bytes, compute,
                       nic, nic / cluster.bandwidth_across, memory, cluster.memory_per_machine)
     return Plan(g, cluster, planner, sps, parts, summary, placed.locs.__getitem__)
 

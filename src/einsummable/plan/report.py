@@ -86,8 +86,10 @@ def table(plan) -> list[str]:
     out.append(f"  memory per machine: {plan.cluster.memory_per_machine / GiB:.3g} GiB; {plan.planner} peak "
                + (s.memory.describe() if s.memory is not None else "unknown"))
     out.append(f"  binding constraint of {plan.planner}: {s.binding}")
-    out.append("  predicted s = max(busiest core's kernels, busiest NIC's bytes / bandwidth); planner cost = "
-               "the bytes the planner's cost model charges (replicas, partial sums, repartitions)")
+    out.append("  predicted s = busiest core's kernels (or the critical path)"
+               " + busiest NIC's bytes / bandwidth;"
+               " planner cost = the bytes the planner's cost model charges (replicas, partial sums,"
+               " repartitions)")
     return out
 
 

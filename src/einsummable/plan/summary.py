@@ -1,14 +1,17 @@
 """The figures of a placed plan, and its predicted step time.
 
-Predicted step time = max(compute, network):
+Predicted step time = compute + network:
 - compute: the busiest core's kernel seconds (a GEMM's flops at ``flops_per_core``,
   other joins at ``elementwise_flops_per_core``, written bytes at
-  ``copy_bandwidth``, as the simulator charges them) plus ``task_overhead`` per block;
+  ``copy_bandwidth``, as the simulator charges them) plus ``task_overhead`` per block,
+  or the critical path of block times when that is longer;
 - network: the busiest NIC, the larger of its bytes in and out over
   ``bandwidth_across`` (full duplex). Moves inside a machine hold no core and no
   link (the simulator's rule), so they do not count.
-The engines overlap moves with compute (a move runs as soon as its block is made),
-so the step takes the longer of the two, not their sum.
+A move starts as soon as its block is made, but the blocks that wait on it wait:
+replaying lowered Llama steps (benchmarks/plan_two_level.py, table 3) the simulated
+makespan is close to the busiest core's time plus the busiest NIC's, not the larger
+of the two, so the prediction adds them.
 
 The binding constraint is memory when the peak passes the capacity, otherwise the
 larger of compute and network.
@@ -17,13 +20,16 @@ larger of compute and network.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.einsummable import IDENTITY, Einsummable
 from einsummable.ir.expr import Input
-from einsummable.ir.graph import EinsumNode, Node, Select
+from einsummable.ir.graph import EinGraph, EinsumNode, Node, Select
 from einsummable.ir.scalar_ops import is_call
 from einsummable.plan.memory import Memory
 
@@ -65,6 +71,20 @@ def node_seconds(node: Node, cluster: Cluster) -> float:
     return 0.0
 
 
+def critical_path(g: EinGraph, live: Sequence[bool], blocks: Sequence[int], cluster: Cluster) -> float:
+    """The longest chain of block times through the graph: a node's blocks run side by
+    side, each taking its share of the node's kernel time plus the per-task overhead.
+    A chain of small whole ops cannot go faster than this, however many cores there are."""
+    finish = np.zeros(len(g.nodes))
+    for v, node in enumerate(g.nodes):
+        if not live[v]:
+            continue
+        start = max((finish[u] for u in node.inputs), default=0.0)
+        own = node_seconds(node, cluster) / max(1, blocks[v])
+        finish[v] = start + (own + cluster.task_overhead if own else 0.0)
+    return float(finish.max()) if len(finish) else 0.0
+
+
 @dataclass(frozen=True)
 class Summary:
     """The figures of one placed plan."""
@@ -73,7 +93,7 @@ class Summary:
     bytes_within: float  # moved between cores of one machine
     bytes_across: float  # moved between machines
     model_bytes: float  # the planner's own cost: bytes its cost model charges, before placement
-    compute_seconds: float = 0.0  # the busiest core
+    compute_seconds: float = 0.0  # the busiest core, or the critical path when longer
     nic_bytes: float = 0.0  # the busiest NIC, in or out
     network_seconds: float = 0.0
     memory: Memory | None = None  # the busiest machine's peak
@@ -91,7 +111,7 @@ class Summary:
 
     @property
     def step_seconds(self) -> float:
-        return max(self.compute_seconds, self.network_seconds)
+        return self.compute_seconds + self.network_seconds
 
     @property
     def peak(self) -> float:

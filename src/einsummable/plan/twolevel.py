@@ -13,7 +13,7 @@ machine block and runs on that machine.
    so sharded gradients can emerge.
 2. Memory: the plan must fit ``memory_per_machine`` (memory.py). When it does not,
    each node's candidates pay ``penalty × its lifetime share × its bytes per
-   machine`` and level 1 is solved again with a penalty four times larger, so the
+   machine`` and level 1 is solved again with a penalty sixteen times larger, so the
    long-lived state (parameters, optimizer state, gradients, saved activations)
    is sharded across machines first: ZeRO/FSDP emerges from the partitions.
    When even the largest penalty does not fit, PlanError names the smallest peak.
@@ -47,7 +47,7 @@ from einsummable.plan.space import Space, nbytes
 from einsummable.plan.traffic import block_indices
 
 Counts = tuple[int, ...]
-PENALTIES = (0.0, *(4.0**k for k in range(12)))
+PENALTIES = (0.0, *(16.0**k for k in range(7)))
 
 
 @dataclass(frozen=True)
