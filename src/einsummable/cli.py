@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
 import warnings
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
 from einsummable.progress import Progress
 from einsummable.train.grads import output_gradients
+from einsummable.train.optim import adamw
 from einsummable.train.trainer import TrainConfig, Trainer
 
 DEMO_MODEL = PRESETS["demo"]
@@ -190,11 +192,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
         cfg = LlamaConfig.from_hf(config) if config is not None else weights.load_config(path)
     else:
         raise EinsummableError(f"unknown model {args.model!r}; name one of {sorted(PRESETS)} or a config")
-    cluster = Cluster(machines=args.machines, cores=args.cores)
+    cluster = plan_cluster(args)
     if args.mode == "train":
-        g, p, loss = llama.loss_graph(cfg, args.batch, args.seq)
-        output_gradients(g, loss, p)
-        g.output("loss", loss)
+        g = training_graph(cfg, args.batch, args.seq, args.optimizer)
     else:
         g = Graph()
         p = llama.parameters(g, cfg)
@@ -203,13 +203,56 @@ def cmd_plan(args: argparse.Namespace) -> None:
         g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, args.seq)))
     n_params = sum(math.prod(s) for s in cfg.parameter_shapes().values())
     print(f"{args.model}: {n_params / 1e6:,.1f}M parameters, {args.mode} at batch {args.batch} x "
-          f"seq {args.seq}, {len(g.ir)} graph nodes, on {args.machines} x {args.cores} workers")
+          f"seq {args.seq}, {len(g.ir)} graph nodes, on {cluster.machines} x {cluster.cores} workers, "
+          f"{cluster.memory_per_machine / 2**30:.4g} GiB per machine")
     compare = args.compare == "yes" or (args.compare == "auto" and cluster.workers <= COMPARE_UP_TO)
     start = time.perf_counter()
     plan = make_plan(g.ir, cluster, args.planner, compare=compare)
     print(f"planned in {time.perf_counter() - start:.1f} s"
           + ("" if compare else " (baselines not planned: add --compare yes to see them side by side)"))
     print(plan if args.full else report.brief(plan))
+
+
+def training_graph(cfg: LlamaConfig, batch: int, seq: int, optimizer: str = "adamw") -> Graph:
+    """One training step: forward, backward and (``adamw``) the optimizer's update, whose
+    moments are inputs and outputs; ``none``: the gradients are the outputs."""
+    g, p, loss = llama.loss_graph(cfg, batch, seq)
+    if optimizer == "adamw":
+        adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
+        return g
+    output_gradients(g, loss, p)
+    g.output("loss", loss)
+    return g
+
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str) -> float:
+    """``256GiB``, ``64 GB``, ``1e9``: a byte count."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else None
+    if m is None or unit not in UNITS:
+        raise EinsummableError(f"--memory {text!r}: expected a number and a unit such as 256GiB or 64GB")
+    try:
+        return float(m.group(1)) * UNITS[unit]
+    except ValueError as err:
+        raise EinsummableError(f"--memory {text!r}: {m.group(1)!r} is not a number") from err
+
+
+def plan_cluster(args: argparse.Namespace) -> Cluster:
+    """``--cluster`` (a file from ``einsummable calibrate``), with --machines, --cores and
+    --memory overriding its figures when given."""
+    cluster = Cluster.from_json(args.cluster) if args.cluster else Cluster(machines=1, cores=64)
+    changes: dict[str, float | int] = {}
+    if args.machines is not None:
+        changes["machines"] = args.machines
+    if args.cores is not None:
+        changes["cores"] = args.cores
+    if args.memory is not None:
+        changes["memory_per_machine"] = parse_bytes(args.memory)
+    return replace(cluster, **changes)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
@@ -261,8 +304,13 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = sub.add_parser("plan", help="show the EinDecomp plan of a Llama for a cluster, without running it")
     plan.add_argument("--model", default="llama-7b", help=f"one of {sorted(PRESETS)}, or a config.json")
-    plan.add_argument("--machines", type=int, default=1)
-    plan.add_argument("--cores", type=int, default=64)
+    plan.add_argument("--cluster", help="a cluster JSON file, as written by einsummable calibrate")
+    plan.add_argument("--machines", type=int, default=None, help="default: the cluster file's, else 1")
+    plan.add_argument("--cores", type=int, default=None, help="default: the cluster file's, else 64")
+    plan.add_argument("--memory", default=None,
+                      help="memory per machine, e.g. 256GiB (default: the cluster's)")
+    plan.add_argument("--optimizer", choices=["adamw", "none"], default="adamw",
+                      help="train mode: include AdamW's update and moments, or stop at the gradients")
     plan.add_argument("--batch", type=int, default=8)
     plan.add_argument("--seq", type=int, default=2048)
     plan.add_argument("--mode", choices=["train", "infer"], default="train")

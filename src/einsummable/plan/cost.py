@@ -31,7 +31,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.graph import EinGraph, Fill
+from einsummable.ir.graph import EinGraph, Fill, Formation
 from einsummable.plan.space import Space, nbytes
 
 FORBIDDEN = 1e30
@@ -79,19 +79,36 @@ def compute_target(sp: Space, p: int, cluster: Cluster, touched: float = 0.0) ->
     return 1
 
 
+def op_targets(g: EinGraph, spaces: Sequence[Space], p: int, cluster: Cluster,
+               node_bytes: Sequence[float]) -> list[int]:
+    """The block count of every op (``compute_target``); 1 for every other node."""
+    touched = [node_bytes[v] + sum(node_bytes[u] for u in node.inputs) for v, node in enumerate(g.nodes)]
+    return [compute_target(sp, p, cluster, touched[v]) if sp.kind == "compute" else 1
+            for v, sp in enumerate(spaces)]
+
+
 class CostModel:
     """Candidates, unary costs and edge costs for one graph at one worker count."""
 
     def __init__(self, g: EinGraph, spaces: Sequence[Space], p: int, cluster: Cluster,
-                 live: Sequence[bool]) -> None:
+                 live: Sequence[bool], node_bytes: Sequence[float] | None = None,
+                 gather_once: bool = False) -> None:
+        """``node_bytes`` overrides each node's output bytes: the inner level of a two-level
+        plan costs one machine's block of every node (plan/twolevel.py).
+
+        ``gather_once`` (the machine level): a reader of c copies of an operand whose
+        pieces are a share f in place receives ``|X| max(c (1 - f), c - 1)``, an edge
+        cost, instead of replication ``|X| (c - 1)`` plus repartition ``|X| (1 - f)``:
+        a weight sharded over 4 machines and read whole by all 4 is all-gathered once,
+        3 |W|, not 3.75 |W|."""
         self.g, self.spaces, self.p = g, spaces, p
-        self.bytes = [float(nbytes(n)) for n in g.nodes]
+        self.gather_once = gather_once
+        self.bytes = [float(b) for b in node_bytes] if node_bytes is not None else [
+            float(nbytes(n)) for n in g.nodes]
         self._cache: dict[tuple, np.ndarray] = {}
         self._arrays: dict[tuple, np.ndarray] = {}
-        touched = [self.bytes[v] + sum(self.bytes[u] for u in node.inputs) for v, node in enumerate(g.nodes)]
-        targets = [compute_target(sp, p, cluster, touched[v]) if sp.kind == "compute" else 1
-                   for v, sp in enumerate(spaces)]
-        self.targets = targets
+        self._index: dict[int, dict[tuple[int, ...], int]] = {}
+        self.targets = targets = op_targets(g, spaces, p, cluster, self.bytes)
         sizes = sorted(set(divisors(p)) | {t for t, ok in zip(targets, live, strict=True) if ok})
         self.cands: list[np.ndarray] = []
         self.follow: dict[int, np.ndarray] = {}  # formation: its candidate per einsummable candidate
@@ -129,7 +146,7 @@ class CostModel:
         n = np.prod(counts, axis=1).astype(np.float64)
         cost = np.zeros(len(counts))
         for k, u in enumerate(node.inputs):
-            if isinstance(self.g.nodes[u], Fill):
+            if isinstance(self.g.nodes[u], Fill) or self.gather_once:
                 continue
             dims = [d for d in sp.operands[k] if d is not None]
             n_k = np.prod(counts[:, dims], axis=1) if dims else np.ones(len(counts))
@@ -155,7 +172,17 @@ class CostModel:
         hi = np.maximum(have[:, None, :], need[None, :, :])
         lo = np.minimum(have[:, None, :], need[None, :, :])
         share = np.prod(lo / hi, axis=2)
-        return self.bytes[u] * (1.0 - share)
+        if not self.gather_once:
+            return self.bytes[u] * (1.0 - share)
+        copies = (np.prod(cv, axis=1) / np.prod(need, axis=1))[None, :]
+        cost = self.bytes[u] * np.maximum(copies * (1.0 - share), copies - 1.0)
+        if isinstance(self.g.nodes[v], Formation) and su.aggregated:
+            # partial sums already travel to their formation's blocks (the aggregation
+            # cost); only gathering several of their output blocks into one moves more
+            summed = np.prod(cu[:, list(su.aggregated)], axis=1)[:, None] > 1
+            gather = 1.0 - np.prod(lo / have[:, None, :], axis=2)
+            cost = np.where(summed, self.bytes[u] * gather, cost)
+        return cost
 
     def unit_t(self, u: int, v: int, k: int) -> np.ndarray:
         """[candidates of v, candidates of u]: the edge cost per byte of u, cached by what it
@@ -177,19 +204,39 @@ class CostModel:
         return self.unit_t(u, v, k).T * self.scale(u)
 
     def bound(self, u: int, v: int) -> float:
-        """The most an edge can cost, bar a forbidden pair: all of u's bytes move."""
-        return FORBIDDEN if self.spaces[v].kind == "follow" else self.bytes[u]
+        """The most an edge can cost, bar a forbidden pair: all of u's bytes move (to every
+        worker, with ``gather_once``)."""
+        if self.spaces[v].kind == "follow":
+            return FORBIDDEN
+        return self.bytes[u] * (self.p if self.gather_once else 1)
+
+    def index(self, v: int, counts: Sequence[int]) -> int:
+        """The candidate number of ``counts`` for node v, or -1 when it is no candidate."""
+        table = self._index.get(id(self.cands[v]))
+        if table is None:
+            table = self._index[id(self.cands[v])] = {tuple(int(x) for x in c): i
+                                                      for i, c in enumerate(self.cands[v])}
+        return table.get(tuple(counts), -1)
+
+    def edge_at(self, u: int, v: int, k: int, counts: Sequence[Sequence[int]], at: Sequence[int]) -> float:
+        """The edge cost for the given counts (``at``: their candidate numbers, -1 for none)."""
+        if at[u] >= 0 and at[v] >= 0:
+            return float(self.unit_t(u, v, k)[at[v], at[u]]) * self.scale(u)
+        return float(self.edge_cost(u, v, k, np.array([counts[u]]), np.array([counts[v]]))[0, 0])
 
     def evaluate(self, counts: Sequence[Sequence[int]], live: Sequence[bool]) -> float:
         """The model cost of any plan, given its block counts per node."""
-        arrays = [np.array([c], dtype=np.int64) for c in counts]
+        at = [self.index(v, c) for v, c in enumerate(counts)]
         total = 0.0
         for v, node in enumerate(self.g.nodes):
             if not live[v]:
                 continue
-            total += float(self.node_cost(v, arrays[v].reshape(1, -1))[0])
+            if at[v] >= 0:
+                total += float(self.unary[v][at[v]])
+            else:
+                total += float(self.node_cost(v, np.array([counts[v]], dtype=np.int64))[0])
             for k, u in enumerate(node.inputs):
-                total += float(self.edge_cost(u, v, k, arrays[u], arrays[v])[0, 0])
+                total += self.edge_at(u, v, k, counts, at)
         return total
 
 

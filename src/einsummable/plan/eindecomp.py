@@ -55,8 +55,11 @@ def trees(g: EinGraph, model: CostModel, live: Sequence[bool]) -> tuple[list[int
     return tree, parent
 
 
-def solve(g: EinGraph, model: CostModel, live: Sequence[bool]) -> list[int]:
-    """A candidate index per node (0 for dead nodes)."""
+def solve(g: EinGraph, model: CostModel, live: Sequence[bool],
+          start: Sequence[int] | None = None) -> list[int]:
+    """A candidate index per node (0 for dead nodes). ``start`` (-1: none) seeds the sweeps:
+    each tree is then solved given its seeded neighbours, so the result costs no more than
+    the seed on the model."""
     n = len(g.nodes)
     tree, parent = trees(g, model, live)
     members: dict[int, list[int]] = {}
@@ -68,7 +71,7 @@ def solve(g: EinGraph, model: CostModel, live: Sequence[bool]) -> list[int]:
         if live[v]:
             for k, u in enumerate(node.inputs):
                 users[u].append((v, k))
-    choice = [-1] * n
+    choice = list(start) if start is not None else [-1] * n
     for sweep in range(MAX_SWEEPS):
         changed = False
         for t in sorted(members):

@@ -26,6 +26,7 @@ from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
 from einsummable.plan.partition import Partition
 from einsummable.plan.space import Space
+from einsummable.plan.summary import node_seconds
 from einsummable.plan.traffic import EdgeCost, Holders, block_indices, edge_cost, flops_per_block, holders
 
 ROUNDS = 4
@@ -33,38 +34,33 @@ LEAN = 0.1  # the preference for a block's own worker, in units of the block's f
 
 
 @dataclass(frozen=True)
-class Summary:
-    """The figures of one placed plan."""
+class Placed:
+    """Locations per node, and what they cost: flops and kernel seconds per worker,
+    bytes moved within and across machines, and bytes into each machine's NIC."""
 
-    flops: tuple[float, ...]  # per worker
-    bytes_within: int  # moved between cores of one machine
-    bytes_across: int  # moved between machines
-    model_bytes: float  # the planner's cost model, before placement
-
-    @property
-    def bytes_moved(self) -> int:
-        return self.bytes_within + self.bytes_across
-
-    @property
-    def imbalance(self) -> float:
-        """Busiest worker over the mean; 1.0 is perfect balance."""
-        mean = sum(self.flops) / len(self.flops)
-        return max(self.flops) / mean if mean else 1.0
+    locs: tuple[tuple[int, ...], ...]
+    flops: tuple[float, ...]
+    seconds: np.ndarray
+    within: int
+    across: int
+    nic_in: np.ndarray
 
 
 def place(
     g: EinGraph, spaces: tuple[Space, ...], parts: tuple[Partition, ...], cluster: Cluster, live: list[bool]
-) -> tuple[tuple[tuple[int, ...], ...], tuple[float, ...], int, int]:
-    """Locations per node, flops per worker, and bytes moved within and across machines."""
+) -> Placed:
     workers = cluster.workers
     machines = np.arange(workers) // cluster.cores
     ready = np.zeros(workers)  # when each worker is next free, in seconds
     done = np.zeros(len(g.nodes))  # when each node's last block finishes
     flops = np.zeros(workers)
+    seconds = np.zeros(workers)
+    nic_in = np.zeros(cluster.machines)
     locs: list[tuple[int, ...]] = []
     held: list[Holders | None] = []
     seen: dict[tuple[int, object], np.ndarray] = {}  # reads made: key * workers + location
     moved = [0, 0]
+    counted = (moved, nic_in)
     for nid, (node, sp, part) in enumerate(zip(g.nodes, spaces, parts, strict=True)):
         n = part.num_blocks
         if not live[nid]:
@@ -91,16 +87,19 @@ def place(
             groups = _groups(sp, part) if sp.aggregated else None
             placed, done[nid] = _assign(candidates(costs, n, ready), arrive, work, ready, machines, groups)
             for c, u in zip(costs, node.inputs, strict=True):
-                _count(c, placed, seen, u, moved)
+                _count(c, placed, seen, u, counted)
             np.add.at(flops, placed, work * cluster.flops_per_core)
+            share = work / work.sum() if work.sum() > 0 else np.full(n, 1 / max(n, 1))
+            np.add.at(seconds, placed, share * node_seconds(node, cluster) + cluster.task_overhead)
             where = tuple(int(w) for w in placed)
         locs.append(where)
         held.append(holders(sp, part, where))
-    return tuple(locs), tuple(float(f) for f in flops), moved[0], moved[1]
+    return Placed(tuple(locs), tuple(float(f) for f in flops), seconds, moved[0], moved[1], nic_in)
 
 
-def _count(c: EdgeCost, where: np.ndarray, seen: dict, u: int, moved: list[int]) -> None:
+def _count(c: EdgeCost, where: np.ndarray, seen: dict, u: int, counted: tuple[list[int], np.ndarray]) -> None:
     """Add the bytes of reads not yet made at their location (moves are shared)."""
+    moved, nic_in = counted
     codes = c.key * len(c.machines) + where
     fresh, first = np.unique(codes, return_index=True)
     old = seen.get((u, c.tag))
@@ -111,6 +110,7 @@ def _count(c: EdgeCost, where: np.ndarray, seen: dict, u: int, moved: list[int])
     else:
         seen[(u, c.tag)] = fresh
     within, across = c.at(first, where[first])
+    np.add.at(nic_in, c.machines[where[first]], across)
     moved[0] += int(within.sum())
     moved[1] += int(across.sum())
 

@@ -6,33 +6,57 @@ partitions. A Plan prints as the report of ``program.plan`` (see report.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation
+from einsummable.plan.memory import holds_nothing, peak
 from einsummable.plan.partition import Partition
-from einsummable.plan.placement import Summary, place
-from einsummable.plan.space import Space, spaces
+from einsummable.plan.placement import place
+from einsummable.plan.space import Space, nbytes, spaces
+from einsummable.plan.summary import Summary, critical_path
+from einsummable.plan.traffic import block_indices
+
+if TYPE_CHECKING:
+    from einsummable.plan.twolevel import TwoLevel
 
 
 @dataclass(frozen=True, eq=False)
 class Plan:
+    """``where(v)`` gives the worker of each block of node v; ``others`` plans the
+    baselines for the report, only when the report asks for them."""
+
     graph: EinGraph
     cluster: Cluster
     planner: str
     spaces: tuple[Space, ...]
     parts: tuple[Partition, ...]
-    locs: tuple[tuple[int, ...], ...]
     summary: Summary
-    baselines: tuple[tuple[str, Summary], ...] = field(default=())
+    where: Callable[[int], Sequence[int]] = field(repr=False)
+    others: Callable[[], tuple[tuple[str, Summary], ...]] | None = field(default=None, repr=False)
+    free_formations: bool = False  # see check_plan
+    levels: TwoLevel | None = None  # a two-level plan's counts across machines and within one
+
+    @functools.cached_property
+    def locs(self) -> tuple[tuple[int, ...], ...]:
+        """The worker of every block, per node (built on first use: 2048 workers make millions)."""
+        return tuple(tuple(int(w) for w in self.where(v)) for v in range(len(self.graph.nodes)))
+
+    @functools.cached_property
+    def baselines(self) -> tuple[tuple[str, Summary], ...]:
+        return self.others() if self.others is not None else ()
 
     def out_partition(self, nid: int) -> Partition:
         return self.parts[nid].restrict(self.spaces[nid].out_dims)
 
     def validate(self) -> None:
-        check_plan(self.graph, self.spaces, self.parts, self.cluster, self.locs)
+        check_plan(self.graph, self.spaces, self.parts, self.cluster, self.locs, self.free_formations)
 
     def __str__(self) -> str:
         from einsummable.plan.report import render
@@ -61,11 +85,29 @@ def build(
     parts = inherit(g, sps, parts)
     check_plan(g, sps, parts, cluster)
     live = g.live()
-    locs, flops, within, across = place(g, sps, parts, cluster, live)
-    summary = Summary(flops, within, across, model_bytes)
-    plan = Plan(g, cluster, planner, sps, parts, locs, summary)
-    check_plan(g, sps, parts, cluster, locs)
-    return plan
+    placed = place(g, sps, parts, cluster, live)
+    check_plan(g, sps, parts, cluster, placed.locs)
+    held = np.zeros((len(g.nodes), cluster.machines))
+    for v, node in enumerate(g.nodes):
+        if not holds_nothing(g, sps, v):
+            sizes = nbytes(node) * _out_share(sps[v], parts[v])
+            np.add.at(held[v], np.array(placed.locs[v], dtype=np.int64) // cluster.cores, sizes)
+    memory = peak(g, sps, live, held, np.zeros_like(held))
+    nic = float(placed.nic_in.max())
+    compute = max(float(placed.seconds.max()), critical_path(g, live, [p.num_blocks for p in parts], cluster))
+    summary = Summary(placed.flops, placed.within, placed.across, model_bytes, compute,
+                      nic, nic / cluster.bandwidth_across, memory, cluster.memory_per_machine)
+    return Plan(g, cluster, planner, sps, parts, summary, placed.locs.__getitem__)
+
+
+def _out_share(sp: Space, part: Partition) -> np.ndarray:
+    """The share of the output each join block writes (a piece of it, for partial sums)."""
+    idx = block_indices(part.counts)
+    share = np.ones(part.num_blocks)
+    for d in sp.out_dims:
+        n = part.bounds[d][-1]
+        share = share * (np.diff(np.array(part.bounds[d]))[idx[:, d]] / n if n else 1.0)
+    return share
 
 
 def check_plan(
@@ -74,8 +116,14 @@ def check_plan(
     parts: Sequence[Partition],
     cluster: Cluster,
     locs: Sequence[tuple[int, ...]] | None = None,
+    free_formations: bool = False,
 ) -> None:
-    """Every node has a partition of its own space, cutting only what it may cut."""
+    """Every node has a partition of its own space, cutting only what it may cut.
+
+    ``free_formations``: a formation of partial sums may take another partition than
+    its einsum's output; its blocks then gather and add the pieces they overlap (a
+    reduce-scatter when it is finer). Two-level plans shard gradients this way.
+    """
     if len(parts) != len(g.nodes):
         raise PlanError(f"a plan needs one partition per node: {len(parts)} for {len(g.nodes)} nodes")
     for nid, (node, sp, part) in enumerate(zip(g.nodes, sps, parts, strict=True)):
@@ -85,7 +133,7 @@ def check_plan(
         for d, (c, ok) in enumerate(zip(part.counts, sp.splittable, strict=True)):
             if c > 1 and not ok:
                 raise PlanError(f"{where}: dimension {d} cannot be split, given {c} blocks")
-        if isinstance(node, Formation):
+        if isinstance(node, Formation) and not (free_formations and sps[node.inputs[0]].aggregated):
             src = node.inputs[0]
             if part != parts[src].restrict(sps[src].out_dims):
                 raise PlanError(f"{where}: a formation must keep the output partition of %{src}")

@@ -1,36 +1,46 @@
 """Planners by name, and ``make_plan``: choose partitions, place them, compare baselines.
 
-    plan = make_plan(graph, Cluster.local(8))           # EinDecomp, with baselines
-    plan = make_plan(graph, Cluster.local(8), "data_parallel", compare=False)
+    plan = make_plan(graph, Cluster.local(8))           # EinDecomp; baselines planned when printed
+    plan = make_plan(graph, Cluster(machines=4, cores=8), "fsdp")
     print(plan)                                          # the report
+
+One machine: the one-level search of eindecomp.py over its cores, placed by list
+scheduling (placement.py). Several machines: the two-level search of twolevel.py,
+laid out machine-major. Either way the plan must fit ``memory_per_machine``
+(memory.py), or PlanError says what the smallest plan found needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.graph import EinGraph
-from einsummable.plan import baselines, eindecomp
+from einsummable.ir.graph import EinGraph, Formation
+from einsummable.plan import baselines, eindecomp, figures, twolevel
 from einsummable.plan.cost import CostModel
+from einsummable.plan.memory import estimate
 from einsummable.plan.partition import Partition
-from einsummable.plan.plan import Plan, build
+from einsummable.plan.plan import Plan, build, check_plan
 from einsummable.plan.space import Space, spaces
+from einsummable.plan.summary import Summary
 
 Counts = tuple[int, ...]
 PLANNERS = ("eindecomp", *baselines.BASELINES)
+SEEDS = ("data_parallel",)  # experts' layouts across machines, EinDecomp's other starts
 
 
 def choose(
     name: str, g: EinGraph, sps: Sequence[Space], model: CostModel, live: Sequence[bool]
 ) -> list[Counts]:
-    """Block counts per node from the named planner."""
+    """Block counts per node from the named planner, on one level of ``model.p`` workers."""
     if name == "eindecomp":
         picks = eindecomp.solve(g, model, live)
         return [tuple(int(x) for x in model.cands[v][c]) for v, c in enumerate(picks)]
     if name in baselines.BASELINES:
-        return baselines.baseline(name, g, sps, live, model.targets)
+        data = baselines.data_dims(g, sps)
+        return baselines.level(name, g, sps, live, model.targets, data, [False] * len(sps), across=False)
     raise PlanError(f"unknown planner {name!r}; expected one of {list(PLANNERS)}")
 
 
@@ -38,22 +48,81 @@ def partitions(sps: Sequence[Space], counts: Sequence[Counts]) -> list[Partition
     return [Partition.uniform(sp.shape, c) for sp, c in zip(sps, counts, strict=True)]
 
 
-def make_plan(g: EinGraph, cluster: Cluster, planner: str = "eindecomp", compare: bool = True) -> Plan:
-    """Plan with ``planner``; with ``compare``, also place every baseline for the report."""
+def make_plan(g: EinGraph, cluster: Cluster, planner: str = "eindecomp", compare: bool = True,
+              check_memory: bool = True) -> Plan:
+    """Plan with ``planner``; with ``compare``, the report also plans every other planner
+    (lazily, when it is printed). ``check_memory``: raise PlanError when it does not fit."""
     if planner not in PLANNERS:
         raise PlanError(f"unknown planner {planner!r}; expected one of {list(PLANNERS)}")
-    sps = spaces(g)
-    live = g.live()
+    plan = _plan(g, cluster, planner, check_memory)
+    if not compare:
+        return plan
+    others = partial(_others, g, cluster, planner)
+    return Plan(g, cluster, planner, plan.spaces, plan.parts, plan.summary, plan.where, others,
+                plan.free_formations, plan.levels)
+
+
+def _others(g: EinGraph, cluster: Cluster, planner: str) -> tuple[tuple[str, Summary], ...]:
+    return tuple((name, _plan(g, cluster, name, False).summary) for name in PLANNERS if name != planner)
+
+
+def _plan(g: EinGraph, cluster: Cluster, planner: str, check_memory: bool) -> Plan:
+    sps, live = spaces(g), g.live()
+    if cluster.machines > 1:
+        return _two_level(g, sps, live, cluster, planner, check_memory)
     model = CostModel(g, sps, cluster.workers, cluster, live)
     counts = choose(planner, g, sps, model, live)
     plan = build(g, cluster, partitions(sps, counts), planner, model.evaluate(counts, live))
-    if not compare:
-        return plan
-    others = []
-    for name in PLANNERS:
-        if name == planner:
-            continue
-        c = choose(name, g, sps, model, live)
-        other = build(g, cluster, partitions(sps, c), name, model.evaluate(c, live))
-        others.append((name, other.summary))
-    return Plan(g, cluster, planner, plan.spaces, plan.parts, plan.locs, plan.summary, tuple(others))
+    memory = plan.summary.memory
+    if check_memory and memory is not None and memory.peak > cluster.memory_per_machine:
+        raise PlanError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} GiB on "
+                        f"one "
+                        f"machine: it needs {memory.describe()}; add machines or memory")
+    return plan
+
+
+def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: Cluster, planner: str,
+               check_memory: bool) -> Plan:
+    outer = twolevel.outer_spaces(g, sps)
+    model = CostModel(g, outer, cluster.machines, twolevel.machine_view(cluster), live, gather_once=True)
+    if planner == "eindecomp":
+        def score(cm: list[Counts]) -> float:
+            nic_in, nic_out = figures.nic_bytes(g, model, cm, live, cluster.machines)
+            return max(nic_in.max(), nic_out.max())
+
+        seeds = [twolevel.expert_across(name, g, outer, live, cluster) for name in SEEDS]
+        tl, memory = twolevel.solve(g, outer, model, cluster, live, score, seeds, check_memory)
+    else:
+        tl = twolevel.expert(planner, g, sps, outer, live, cluster)
+        memory = estimate(g, outer, tl.cm, live, replicated=planner in baselines.REPLICATED)
+        if check_memory and memory.peak > cluster.memory_per_machine:
+            raise PlanError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} GiB "
+                            f"per "
+                            f"machine on {cluster}: it needs {memory.describe()}")
+    isps, isize = twolevel.inner(g, outer, tl.cm)
+    inner_model = CostModel(g, isps, cluster.cores, cluster, live, node_bytes=isize)
+    within = inner_model.evaluate(tl.cc, live) * cluster.machines
+    summary = figures.summarise(g, sps, model, tl, cluster, live, memory, model.evaluate(tl.cm, live), within)
+    parts = tuple(
+        twolevel.nested(sp.shape, tl.cm[v], tl.cc[v]) if live[v] else Partition.whole(sp.shape)
+        for v, sp in enumerate(sps))
+    parts = _formations_follow(g, sps, parts)
+    check_plan(g, sps, parts, cluster, free_formations=True)
+    rot = twolevel.rotations(tl, cluster.cores)
+
+    def where(v: int, tl=tl, rot=rot) -> Sequence[int]:
+        if not live[v]:
+            return (0,) * parts[v].num_blocks
+        return twolevel.locations(tl, v, cluster, rot[v])
+
+    return Plan(g, cluster, planner, sps, parts, summary, where, free_formations=True, levels=tl)
+
+
+def _formations_follow(g: EinGraph, sps: Sequence[Space],
+                       parts: tuple[Partition, ...]) -> tuple[Partition, ...]:
+    out = list(parts)
+    for v, node in enumerate(g.nodes):
+        if isinstance(node, Formation) and not sps[node.inputs[0]].aggregated:
+            u = node.inputs[0]
+            out[v] = out[u].restrict(sps[u].out_dims)
+    return tuple(out)

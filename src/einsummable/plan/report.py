@@ -1,16 +1,15 @@
 """The plan as a report: per node its blocks, the strategy they amount to and its load;
-in total the bytes moved, against every baseline planner.
+then, for this planner and every baseline, the predicted step time, the bytes across
+and within machines, the peak memory per machine against capacity, and the binding
+constraint (memory, NIC or compute).
 
     %3 einsum[ac,cb->ab x0 * x1 agg=add] f32[65536,256]  a:8 b:1 c:1  data parallel on a  ...
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from einsummable.ir.graph import EinsumNode, Formation, InputNode
 from einsummable.plan.baselines import batch_dims
-from einsummable.plan.traffic import flops_per_block
 
 
 def human(n: float, unit: str = "B") -> str:
@@ -35,6 +34,14 @@ def strategy(names: tuple[str, ...], counts: tuple[int, ...], aggregated: tuple[
     return f"{len(split)}D on {','.join(names[d] for d in split)}{tail}"
 
 
+def _load(sp, part, workers: int) -> str:
+    """The busiest worker's flops of one op and its imbalance, blocks dealt one per worker."""
+    blocks = part.num_blocks
+    most = sp.flops * -(-blocks // workers) / blocks
+    mean = sp.flops / workers
+    return f"flops/worker {human(most, 'F')} imbalance {most / mean if mean else 1.0:.2f}"
+
+
 def render(plan) -> str:
     g, cluster = plan.graph, plan.cluster
     live = g.live()
@@ -48,34 +55,46 @@ def render(plan) -> str:
         label = f"input {node.name!r}" if isinstance(node, InputNode) else node.describe()
         shape = f"{node.dtype}[{','.join(map(str, node.shape))}]"
         if isinstance(node, Formation):
-            what = "inherits"
+            what = "inherits" if part == plan.out_partition(node.inputs[0]) else "reduce-scatter"
         else:
             what = strategy(sp.names, part.counts, sp.aggregated, batch[v])
-        load = ""
-        if isinstance(node, EinsumNode):
-            per = np.zeros(cluster.workers)
-            np.add.at(per, list(plan.locs[v]), flops_per_block(sp, part))
-            mean = per.mean()
-            load = f"flops/worker {human(per.max(), 'F')} imbalance {per.max() / mean if mean else 1.0:.2f}"
+        load = _load(sp, part, cluster.workers) if isinstance(node, EinsumNode) else ""
         rows.append((f"%{v} {label}", shape, part.describe(sp.names), what, load))
     widths = [max(len(r[i]) for r in rows) for i in range(4)] if rows else [0] * 4
     for r in rows:
         lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
-    lines.append("")
-    header = ("planner", "bytes moved", "across machines", "model bytes", "max flops/worker", "imbalance")
-    table = [header]
+    return "\n".join([*lines, "", *table(plan)])
+
+
+GiB = 2**30
+
+
+def table(plan) -> list[str]:
+    """Every planner's predicted step, bytes, peak memory and binding constraint."""
+    header = ("planner", "predicted s", "compute s", "NIC s", "across machines", "busiest NIC",
+              "within machines", "peak/machine", "fits", "binding", "planner cost")
+    rows = [header]
     for name, s in ((plan.planner, plan.summary), *plan.baselines):
         star = " *" if name == plan.planner else ""
-        table.append((name + star, human(s.bytes_moved), human(s.bytes_across), human(s.model_bytes),
-                      human(max(s.flops), "F"), f"{s.imbalance:.2f}"))
-    widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-    lines.extend("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in table)
-    return "\n".join(lines)
+        rows.append((name + star, f"{s.step_seconds:.3g}", f"{s.compute_seconds:.3g}",
+                     f"{s.network_seconds:.3g}", human(s.bytes_across), human(s.nic_bytes),
+                     human(s.bytes_within), f"{s.peak / GiB:.3g} GiB",
+                     "yes" if s.fits else "no", s.binding, human(s.model_bytes)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    out = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    s = plan.summary
+    out.append(f"  memory per machine: {plan.cluster.memory_per_machine / GiB:.3g} GiB; {plan.planner} peak "
+               + (s.memory.describe() if s.memory is not None else "unknown"))
+    out.append(f"  binding constraint of {plan.planner}: {s.binding}")
+    out.append("  predicted s = busiest core's kernels (or the critical path)"
+               " + busiest NIC's bytes / bandwidth;"
+               " planner cost = the bytes the planner's cost model charges (replicas, partial sums,"
+               " repartitions)")
+    return out
 
 
 def brief(plan) -> str:
-    """The report without its per-node rows: strategy counts and the baseline table."""
-    full = render(plan).splitlines()
+    """The report without its per-node rows: strategy counts and the planners' table."""
     g = plan.graph
     live = g.live()
     batch = batch_dims(g, plan.spaces)
@@ -86,5 +105,5 @@ def brief(plan) -> str:
             kind = what.split(" (")[0] if what.startswith(("data", "whole")) else what.split(" ")[0]
             counts[kind] = counts.get(kind, 0) + 1
     mix = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    table = full[full.index("") + 1 :]
-    return "\n".join([full[0], f"  einsums: {mix}", *table])
+    head = f"plan: {plan.planner} on {plan.cluster} ({plan.cluster.workers} workers)"
+    return "\n".join([head, f"  einsums: {mix}", *table(plan)])

@@ -1,0 +1,113 @@
+"""The figures of a two-level plan, computed at two small scales instead of per core.
+
+- Across machines: the bytes of the level-1 cost model (cost.py over the machines,
+  one copy per machine: the cores of a machine share what it receives), each
+  charged to the NIC out of the machines holding the producer and the NIC in of the
+  machines running the reader (block b of a node on machine b % machines).
+- Within a machine: the inner cost model's bytes for one machine, times the machines.
+- Compute: every block's kernel seconds on its core (summary.node_seconds), with
+  the block layout of twolevel.locations, summed per core.
+So a plan for 32 × 64 workers costs blocks × 32 and blocks × 64, never × 2048.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from einsummable.hardware.cluster import Cluster
+from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
+from einsummable.plan.cost import CostModel
+from einsummable.plan.memory import Memory
+from einsummable.plan.space import Space
+from einsummable.plan.summary import Summary, critical_path, node_seconds
+from einsummable.plan.twolevel import TwoLevel, rotations
+
+
+def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
+              machines: int, cc: Sequence[tuple[int, ...]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes into and out of each machine's NIC, leaving the machines that hold the
+    producer's blocks and entering those that run the reader's, evenly.
+
+    The bytes are those of the level-1 cost model (``gather_once``: c copies of an
+    operand, a share f in place, receive ``|X| max(c (1 - f), c - 1)``), except that
+    readers needing the same pieces in the same way receive them once (a machine
+    keeps what it received, as the lowering does), and that partial sums across
+    machines send ``(k - 1) |out|`` whatever partition their formation takes (a
+    reduce-scatter moves no more than a reduce).
+
+    With ``cc`` (the counts within a machine) the bytes are those the lowering moves
+    today: each core fetches its own piece from another machine, so a piece that r
+    cores of a machine read whole crosses r times, and each core's partial sum
+    crosses on its own. Without, a machine receives each piece once, as the
+    hardware model intends (cores share memory)."""
+    nic_in, nic_out = np.zeros(machines), np.zeros(machines)
+    at = [model.index(v, c) for v, c in enumerate(cm)]
+    spread = [np.arange(math.prod(c)) % machines for c in cm]
+
+    def charge(nbytes: float, src: int, dst: int) -> None:
+        if nbytes > 0:
+            np.add.at(nic_out, spread[src], nbytes / len(spread[src]))
+            np.add.at(nic_in, spread[dst], nbytes / len(spread[dst]))
+
+    seen: set[tuple] = set()
+    for v, node in enumerate(g.nodes):
+        if not live[v]:
+            continue
+        sp = model.spaces[v]
+        n = math.prod(cm[v])
+        for k, u in enumerate(node.inputs):
+            if isinstance(g.nodes[u], Fill) or sp.kind == "follow":
+                continue
+            if isinstance(node, Formation) and math.prod(cm[u][d] for d in model.spaces[u].aggregated) > 1:
+                continue
+            need = tuple(cm[v][d] if d is not None else 1 for d in sp.operands[k])
+            copies = n // math.prod(need)
+            per_core = 1 if cc is None else math.prod(cc[v]) // math.prod(
+                cc[v][d] for d in sp.operands[k] if d is not None)
+            if (u, need, copies, per_core) not in seen:
+                seen.add((u, need, copies, per_core))
+                charge(model.edge_at(u, v, k, cm, at) * per_core, u, v)
+        if sp.aggregated:
+            pieces = 1 if cc is None else math.prod(cc[v][d] for d in sp.aggregated)
+            charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0) * pieces, v, v)
+    return nic_in, nic_out
+
+
+def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Cluster,
+                 live: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """[machines, cores] kernel seconds and flops of the blocks each core runs."""
+    secs = np.zeros((cluster.machines, cluster.cores))
+    flops = np.zeros((cluster.machines, cluster.cores))
+    for v, (node, rot) in enumerate(zip(g.nodes, rotations(tl, cluster.cores), strict=True)):
+        if not live[v] or isinstance(node, InputNode | Fill):
+            continue
+        nm, nc = math.prod(tl.cm[v]), math.prod(tl.cc[v])
+        rows = np.arange(nm) % cluster.machines
+        cols = (rot + np.arange(nc)) % cluster.cores
+        cell = np.ix_(rows, cols)
+        np.add.at(secs, cell, node_seconds(node, cluster) / (nm * nc) + cluster.task_overhead)
+        np.add.at(flops, cell, sps[v].flops / (nm * nc))
+    return secs, flops
+
+
+def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel, cluster: Cluster,
+              live: Sequence[bool], memory: Memory, model_bytes: float, within: float) -> Summary:
+    """``model``: the level-1 cost model (over the machines)."""
+    nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines, tl.cc)
+    secs, flops = core_seconds(g, sps, tl, cluster, live)
+    busiest = float(max(nic_in.max(), nic_out.max()))
+    return Summary(
+        flops=tuple(float(f) for f in flops.ravel()),
+        bytes_within=within,
+        bytes_across=float(nic_in.sum()),
+        model_bytes=model_bytes,
+        compute_seconds=max(float(secs.max()), critical_path(g, live, [math.prod(tl.counts(v)) for v in
+                                                                       range(len(g.nodes))], cluster)),
+        nic_bytes=busiest,
+        network_seconds=busiest / cluster.bandwidth_across,
+        memory=memory,
+        capacity=cluster.memory_per_machine,
+    )

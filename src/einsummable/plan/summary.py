@@ -1,0 +1,128 @@
+"""The figures of a placed plan, and its predicted step time.
+
+Predicted step time = compute + network:
+- compute: the busiest core's kernel seconds (a GEMM's flops at ``flops_per_core``,
+  other joins at ``elementwise_flops_per_core``, written bytes at
+  ``copy_bandwidth``, as the simulator charges them) plus ``task_overhead`` per block,
+  or the critical path of block times when that is longer;
+- network: the busiest NIC, the larger of its bytes in and out over
+  ``bandwidth_across`` (full duplex). Moves inside a machine hold no core and no
+  link (the simulator's rule), so they do not count.
+A move starts as soon as its block is made, but the blocks that wait on it wait:
+replaying lowered Llama steps (benchmarks/plan_two_level.py, table 3) the simulated
+makespan is close to the busiest core's time plus the busiest NIC's, not the larger
+of the two, so the prediction adds them.
+
+The binding constraint is memory when the peak passes the capacity, otherwise the
+larger of compute and network.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from einsummable.hardware.cluster import Cluster
+from einsummable.ir.dtypes import itemsize
+from einsummable.ir.einsummable import IDENTITY, Einsummable
+from einsummable.ir.expr import Input
+from einsummable.ir.graph import EinGraph, EinsumNode, Node, Select
+from einsummable.ir.scalar_ops import is_call
+from einsummable.plan.memory import Memory
+
+
+def _gather(op: Einsummable) -> tuple[int, int] | None:
+    """``sum where(xa == xb, xc, 0)`` (an embedding lookup or its gradient): the compared inputs."""
+    e = op.join
+    if op.agg != "add" or len(op.inputs) != 3 or not is_call(e, "where") or not is_call(e.args[0], "eq"):
+        return None
+    a, b = e.args[0].args
+    if not (isinstance(a, Input) and isinstance(b, Input) and isinstance(e.args[1], Input)):
+        return None
+    return a.index, b.index
+
+
+def op_seconds(op: Einsummable, cluster: Cluster) -> float:
+    """One core's kernel time for ``op``, as engines/simulate.py charges it (plan cannot
+    import engines): GEMMs at the GEMM rate, a gather by its comparisons, other joins
+    at the elementwise rate, a pure view nothing; plus the output written."""
+    if op.join == IDENTITY and len(op.inputs) == 1 and op.agg is None:
+        return 0.0
+    write = math.prod(op.out_shape) * itemsize(op.dtype) / cluster.copy_bandwidth
+    if op.is_contraction():
+        return op.flops() / cluster.flops_per_core + write
+    gather = _gather(op)
+    if gather is not None:
+        matched = set(op.inputs[gather[0]]) | set(op.inputs[gather[1]])
+        compares = math.prod(op.join_shape[i] for i in matched)
+        return (compares + math.prod(op.out_shape)) / cluster.elementwise_flops_per_core + write
+    return op.flops() / cluster.elementwise_flops_per_core + write
+
+
+def node_seconds(node: Node, cluster: Cluster) -> float:
+    """One core's kernel time for the whole node, without the per-task overhead."""
+    if isinstance(node, EinsumNode):
+        return op_seconds(node.op, cluster)
+    if isinstance(node, Select):
+        return math.prod(node.shape) * itemsize(node.dtype) / cluster.copy_bandwidth
+    return 0.0
+
+
+def critical_path(g: EinGraph, live: Sequence[bool], blocks: Sequence[int], cluster: Cluster) -> float:
+    """The longest chain of block times through the graph: a node's blocks run side by
+    side, each taking its share of the node's kernel time plus the per-task overhead.
+    A chain of small whole ops cannot go faster than this, however many cores there are."""
+    finish = np.zeros(len(g.nodes))
+    for v, node in enumerate(g.nodes):
+        if not live[v]:
+            continue
+        start = max((finish[u] for u in node.inputs), default=0.0)
+        own = node_seconds(node, cluster) / max(1, blocks[v])
+        finish[v] = start + (own + cluster.task_overhead if own else 0.0)
+    return float(finish.max()) if len(finish) else 0.0
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The figures of one placed plan."""
+
+    flops: tuple[float, ...]  # per worker
+    bytes_within: float  # moved between cores of one machine
+    bytes_across: float  # moved between machines
+    model_bytes: float  # the planner's own cost: bytes its cost model charges, before placement
+    compute_seconds: float = 0.0  # the busiest core, or the critical path when longer
+    nic_bytes: float = 0.0  # the busiest NIC, in or out
+    network_seconds: float = 0.0
+    memory: Memory | None = None  # the busiest machine's peak
+    capacity: float = math.inf  # memory per machine
+
+    @property
+    def bytes_moved(self) -> float:
+        return self.bytes_within + self.bytes_across
+
+    @property
+    def imbalance(self) -> float:
+        """Busiest worker over the mean; 1.0 is perfect balance."""
+        mean = sum(self.flops) / len(self.flops)
+        return max(self.flops) / mean if mean else 1.0
+
+    @property
+    def step_seconds(self) -> float:
+        return self.compute_seconds + self.network_seconds
+
+    @property
+    def peak(self) -> float:
+        return self.memory.peak if self.memory is not None else 0.0
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= self.capacity
+
+    @property
+    def binding(self) -> str:
+        if not self.fits:
+            return "memory"
+        return "NIC" if self.network_seconds > self.compute_seconds else "compute"
