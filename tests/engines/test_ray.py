@@ -202,7 +202,7 @@ def test_killing_an_actor_mid_run_raises_naming_it_then_the_next_run_restarts_it
     assert waited < took + 20, "the failed run must end promptly, not wait out a timeout"
     message = str(err)
     assert "worker 3" in message and "died during the run" in message and "are lost" in message
-    assert re.search(r"lost: %\d+ \((input|apply|move|partial)", message)  # names the lost tasks, by id and kind
+    assert re.search(r"lost: %\d+ \((input|apply|move|partial)", message)  # names lost tasks: id, kind
     np.testing.assert_array_equal(prog.run(feeds)["y"], want)  # restarted on its node, same result
 
 
