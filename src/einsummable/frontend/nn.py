@@ -12,6 +12,7 @@ from __future__ import annotations
 import string
 
 from einsummable.errors import ShapeError
+from einsummable.frontend.class_ids import mark_class_ids
 from einsummable.frontend.core import Tensor, _axes, elementwise
 from einsummable.frontend.einsum import einsum, matmul
 
@@ -124,6 +125,7 @@ def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> T
         per_row = einsum(f"{red},{red},{red}->{red}", lse, lse_weight, picked, join="x0 * x1 - x2")
     elif targets.shape == logits.shape[:-1]:
         classes = logits.shape[-1]
+        mark_class_ids(targets, classes, "cross_entropy targets")
         ramp = logits.graph.ramp((classes,), steps=(1.0,), dtype=targets.dtype)
         picked = einsum(f"{full},{red},{last}->{red}", logits, targets, ramp,
                         join="where(x1 == x2, x0, 0)", agg="add")
