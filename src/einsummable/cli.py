@@ -22,6 +22,7 @@ from einsummable.hardware.cluster import Cluster
 from einsummable.models.llama import model as llama
 from einsummable.models.llama import tokenizer as tokenizers
 from einsummable.models.llama import weights
+from einsummable.models.llama.data import BUNDLED, corpus, load_data
 from einsummable.models.llama.generate import Generator
 from einsummable.models.llama.model import PRESETS, LlamaConfig, init_params
 from einsummable.plan import report
@@ -29,17 +30,13 @@ from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
 from einsummable.progress import Progress
 from einsummable.train.grads import output_gradients
-from einsummable.train.trainer import BUNDLED, TrainConfig, Trainer, load_data
+from einsummable.train.trainer import TrainConfig, Trainer
 
 DEMO_MODEL = PRESETS["demo"]
 DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=400, lr=3e-3, min_lr=3e-4, warmup=30)
 
 
 COMPARE_UP_TO = 512  # placing all four baselines for 2048 workers takes minutes
-
-
-def corpus() -> np.ndarray:
-    return load_data(BUNDLED)
 
 
 def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:

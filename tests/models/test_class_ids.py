@@ -9,9 +9,8 @@ import pytest
 import einsummable as es
 from einsummable.autodiff.remat import rematerialize
 from einsummable.errors import FeedError
-from einsummable.models.llama import LlamaConfig
+from einsummable.models.llama import LlamaConfig, init_params
 from einsummable.models.llama import model as llama
-from einsummable.models.llama.model import init_params
 from einsummable.train.trainer import TrainConfig, Trainer
 
 torch = pytest.importorskip("torch")

@@ -8,10 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from einsummable.errors import CheckpointError
-from einsummable.models.llama import safetensors_io, weights
-from einsummable.models.llama.config import ConfigError, LlamaConfig, RopeScaling
-from einsummable.models.llama.model import init_params
+from einsummable.errors import CheckpointError, ConfigError
+from einsummable.models.llama import init_params, safetensors_io, weights
+from einsummable.models.llama.config import LlamaConfig, RopeScaling
 
 transformers = pytest.importorskip("transformers")
 

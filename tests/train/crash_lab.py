@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from einsummable import cli
-from einsummable.models.llama import LlamaConfig
-from einsummable.models.llama.model import init_params
+from einsummable.models.llama import LlamaConfig, init_params
 from einsummable.train.trainer import TrainConfig, Trainer
 
 TINY = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

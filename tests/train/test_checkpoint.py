@@ -15,8 +15,7 @@ import pytest
 import einsummable
 from einsummable import cli
 from einsummable.errors import CheckpointError, EinsummableError
-from einsummable.models.llama import LlamaConfig, safetensors_io, weights
-from einsummable.models.llama.model import init_params
+from einsummable.models.llama import LlamaConfig, init_params, safetensors_io, weights
 from einsummable.train import checkpoint
 from einsummable.train.trainer import TrainConfig, Trainer
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +30,11 @@ from einsummable.ir.dtypes import to_numpy
 from einsummable.models import atomic
 from einsummable.models.llama import model as llama
 from einsummable.models.llama import safetensors_io, weights
-from einsummable.models.llama.config import LlamaConfig
+from einsummable.models.llama.data import load_data
+from einsummable.models.llama.model import LlamaConfig
 from einsummable.train import checkpoint
 from einsummable.train.grads import grad_name, output_gradients
 from einsummable.train.optim import STEP, TrainStep, adamw
-
-BUNDLED = "bundled:corpus.txt"  # the data source of runs on the corpus shipped with the package
 
 
 @dataclass(frozen=True)
@@ -89,17 +87,6 @@ def _is_real(x: object) -> bool:
 _SETTING = {"int": _is_int, "float": _is_real, "float | None": lambda x: x is None or _is_real(x),
             "bool": lambda x: isinstance(x, bool)}
 _AT_LEAST = {"batch": 1, "seq": 1, "steps": 1, "accum": 1, "warmup": 0, "seed": 0}
-
-
-def load_data(source: str) -> np.ndarray:
-    """Byte-level tokens of a text file, or of the bundled corpus (``BUNDLED``)."""
-    if source == BUNDLED:
-        corpus = resources.files("einsummable").joinpath("data/corpus.txt")
-        return np.frombuffer(corpus.read_bytes(), dtype=np.uint8)
-    try:
-        return np.frombuffer(Path(source).read_bytes(), dtype=np.uint8)
-    except OSError as err:
-        raise EinsummableError(f"cannot read the training data {source}: {err.strerror}") from None
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
