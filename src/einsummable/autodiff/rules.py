@@ -178,17 +178,13 @@ def _by_sum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:
     # d exp(u) = exp(u) du: where the join itself reappears, read the forward's output
     # instead of computing it again.
     joins = (op.join, scalar.simplify(op.join)) if op.agg is None else ()
-    grads: list[Cot | None] = []
-    for i in range(n):
-        d = _partial(op, i)
-        if not wants[i] or d == ZERO:
-            grads.append(None)
-            continue
+
+    def grad_expr(d: Expr) -> Expr:
         for join in joins:
             d = replace(d, join, Input(n + 1))
-        expr = scalar.simplify(call("mul", gexpr, _conj(d, op)))
-        grads.append(_contract(fw, op, expr, operands, op.inputs[i], op.dtypes[i]))
-    return tuple(grads)
+        return scalar.simplify(call("mul", gexpr, _conj(d, op)))
+
+    return _per_operand(fw, op, wants, operands, grad_expr)
 
 
 def _by_extremum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:
@@ -206,15 +202,8 @@ def _by_extremum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grad
     count = apply(count_op, [t for t, _ in xs] + [y])
     operands = [*xs, (y, _out(op)), (count, _out(op)), (g, _out(op))]
     share = call("div", _as(wide, _cot_expr(g, n + 2), op.dtype), Input(n + 1))
-    grads: list[Cot | None] = []
-    for i in range(n):
-        d = _partial(op, i)
-        if not wants[i] or d == ZERO:
-            grads.append(None)
-            continue
-        expr = call("mul", share, call("where", hit, _as(wide, d, op.dtype), ZERO))
-        grads.append(_contract(fw, op, expr, operands, op.inputs[i], op.dtypes[i]))
-    return tuple(grads)
+    return _per_operand(fw, op, wants, operands,
+                        lambda d: call("mul", share, call("where", hit, _as(wide, d, op.dtype), ZERO)))
 
 
 def _as(dtype: str, e: Expr, was: str) -> Expr:
@@ -242,14 +231,20 @@ def _by_product(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads
         call("where", call("eq", nz, ZERO), call("div", p, nonzero), ZERO),
     )
     gexpr = _cot_expr(g, n + 2)
+    return _per_operand(fw, op, wants, operands,
+                        lambda d: call("mul", gexpr, _conj(call("mul", others, d), op)))
+
+
+def _per_operand(fw: Forward, op: Einsummable, wants: tuple[bool, ...], operands: list,
+                 grad_expr: Callable[[Expr], Expr]) -> Grads:
+    """Each wanted operand's gradient: ``grad_expr(dJ/dxi)`` contracted onto its indices
+    (None where it is not wanted or the join does not depend on it)."""
     grads: list[Cot | None] = []
-    for i in range(n):
+    for i in range(len(op.inputs)):
         d = _partial(op, i)
-        if not wants[i] or d == ZERO:
-            grads.append(None)
-            continue
-        expr = call("mul", gexpr, _conj(call("mul", others, d), op))
-        grads.append(_contract(fw, op, expr, operands, op.inputs[i], op.dtypes[i]))
+        wanted = wants[i] and d != ZERO
+        grads.append(_contract(fw, op, grad_expr(d), operands, op.inputs[i], op.dtypes[i]) if wanted
+                     else None)
     return tuple(grads)
 
 

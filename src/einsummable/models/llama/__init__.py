@@ -1,6 +1,7 @@
-"""Llama 2/3 in the language (model.py), its Hugging Face checkpoints (weights.py,
-safetensors_io.py), tokenizers (tokenizer.py), generation with a KV cache (generate.py)
-and the bundled demo corpus (data.py). The model's names are re-exported here."""
+"""Llama 2/3 in the language (model.py), its configuration read strictly from Hugging Face's
+config.json (config.py), its checkpoints (weights.py, safetensors_io.py), tokenizers
+(tokenizer.py), generation with a KV cache (generate.py) and training data, the bundled
+demo corpus included (data.py). The model's names are re-exported here."""
 
 from einsummable.models.llama.model import (
     PRESETS,
