@@ -31,7 +31,7 @@ class Const:
                 object.__setattr__(self, "value", float(value.real if isinstance(value, complex) else value))
         except OverflowError:
             digits = str(value)
-            shown = digits if len(digits) <= 24 else f"{digits[:12]}...({len(digits)} digits)"
+            shown = digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits)} digits)"
             raise ExprError(
                 f"the constant {shown} is too large for a float (the largest is about 1.8e308)"
             ) from None

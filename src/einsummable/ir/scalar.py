@@ -55,11 +55,12 @@ def dtype_of(e: Expr, input_dtypes: Sequence[str]) -> Weak:
 
 
 def result_dtype(e: Expr, input_dtypes: Sequence[str]) -> str:
-    """The dtype an op's output takes: a weakly typed join follows its first input."""
+    """The dtype an op's output takes: a weakly typed join follows its first number input,
+    so ``where(x0 > 0, 2, 0)`` over a boolean is a number of the default dtype."""
     d = dtype_of(e, input_dtypes)
     if d is not None:
         return d
-    return input_dtypes[0] if input_dtypes else DEFAULT
+    return next((d for d in input_dtypes if d != "bool"), DEFAULT)
 
 
 # ---------------------------------------------------------------- simplify
