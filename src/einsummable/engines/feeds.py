@@ -48,8 +48,19 @@ def check_feeds(
         value = feeds[name]
         if not isinstance(value, int | float | np.number) or isinstance(value, bool | np.bool_):
             raise FeedError(f"run-time variable {name!r} must be a number, got {type(value).__name__}")
-        values[name] = float(value)
+        try:
+            values[name] = float(value)
+        except OverflowError:
+            raise FeedError(
+                f"run-time variable {name!r} is {_digits(value)}, too large for a float "
+                "(the largest is about 1.8e308)"
+            ) from None
     return arrays, values
+
+
+def _digits(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}... ({len(text)} digits)"
 
 
 def check_inputs(graph: EinGraph, arrays: Mapping[str, object]) -> dict[str, np.ndarray]:
@@ -90,7 +101,10 @@ def _check_class_ids(graph: EinGraph, arrays: Mapping[str, np.ndarray]) -> None:
 def _check_array(name: str, node: InputNode, value: object) -> np.ndarray:
     want = to_numpy(node.dtype)
     if isinstance(value, int | float) and not isinstance(value, bool) and node.shape == ():
-        return np.asarray(value, dtype=want)
+        try:
+            return np.asarray(value, dtype=want)
+        except OverflowError:
+            raise FeedError(f"input {name!r} is {_digits(value)}, too large for {node.dtype}") from None
     if not isinstance(value, np.ndarray):
         raise FeedError(
             f"input {name!r} must be a numpy array of {node.dtype}{list(node.shape)}, "

@@ -7,7 +7,10 @@ nodes are made, so a mistake surfaces at the line that wrote it.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
+
+import numpy as np
 
 from einsummable.errors import DtypeError, GraphError, ShapeError
 from einsummable.ir import scalar
@@ -31,6 +34,7 @@ from einsummable.ir.graph import (
     Select,
     Tril,
 )
+from einsummable.ir.syntax import check_variable_name
 
 Scalar = int | float | complex
 
@@ -89,16 +93,26 @@ class Graph:
         return str(render(to_dot(self.ir), path))
 
 
-def _shape(shape: Sequence[int]) -> tuple[int, ...]:
-    if isinstance(shape, int):
+def _shape(shape: Sequence[int], wildcard: bool = False) -> tuple[int, ...]:
+    """Sizes are ints (numpy integers too, bools not): ``2.5`` or ``"4"`` is a mistake,
+    never truncated or converted. ``wildcard`` admits reshape's one ``-1``."""
+    if _is_int(shape):
         shape = (shape,)
-    try:
-        out = tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise ShapeError(f"shape {shape!r} must be a sequence of ints") from None
-    if any(s < 0 for s in out):
+    if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | np.ndarray):
+        raise ShapeError(f"shape {shape!r} must be a sequence of ints")
+    for s in shape:
+        if not _is_int(s):
+            raise ShapeError(
+                f"shape {tuple(shape)!r} has the size {s!r} ({type(s).__name__}); sizes must be ints"
+            )
+    out = tuple(operator.index(s) for s in shape)
+    if any(s < 0 and not (wildcard and s == -1) for s in out):
         raise ShapeError(f"shape {out} has a negative size")
     return out
+
+
+def _is_int(s: object) -> bool:
+    return isinstance(s, int | np.integer) and not isinstance(s, bool)
 
 
 class Tensor:
@@ -277,7 +291,7 @@ def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
         elif isinstance(a, int | float | complex) and not isinstance(a, bool):
             mapping[i] = Const(a)
         elif isinstance(a, str):
-            mapping[i] = Var(a)
+            mapping[i] = Var(check_variable_name(a, f"operand {i} of {scalar.to_string(expr)!r}"))
         else:
             raise DtypeError(f"operand {i} of {scalar.to_string(expr)!r} is a {type(a).__name__}")
     expr = scalar.fold_constants(substitute(expr, mapping))
@@ -340,7 +354,7 @@ def transpose(x: Tensor, perm: Sequence[int]) -> Tensor:
 
 
 def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
-    shape = tuple(int(s) for s in shape)
+    shape = _shape(shape, wildcard=True)
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape {shape}: at most one -1")
     if -1 in shape:

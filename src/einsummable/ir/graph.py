@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from einsummable.errors import DtypeError, GraphError, ShapeError
 from einsummable.ir.box import Box, box_shape, fmt_box, intersect, place, shift, within
 from einsummable.ir.dtypes import COMPLEX, DTYPES, real_of
-from einsummable.ir.einsummable import Einsummable
+from einsummable.ir.einsummable import Einsummable, letter
 from einsummable.ir.expr import variables_used
 
 Shape = tuple[int, ...]
@@ -119,6 +119,13 @@ class EinsumNode:
                 raise DtypeError(
                     f"einsum {self.op.spec} operand {k} (%{nid}) is {node.dtype}, op expects {dtype}"
                 )
+
+        empty = [i for i in self.op.aggregated if self.op.join_shape[i] == 0]
+        if self.op.agg in ("min", "max") and empty:
+            raise GraphError(
+                f"einsum {self.op.spec} takes the {self.op.agg} over index {letter(empty[0])}, which has "
+                f"size 0: an empty {self.op.agg} has no value (torch raises too); make the axis non-empty"
+            )
 
     @property
     def partial(self) -> bool:
@@ -253,7 +260,7 @@ NODE_KINDS = (InputNode, EinsumNode, Formation, Fill, Select, Reshape, ComplexVi
 
 
 def _check_shape(shape: Shape, what: str) -> None:
-    if not isinstance(shape, tuple) or any(not isinstance(s, int) or s < 0 for s in shape):
+    if not isinstance(shape, tuple) or any(type(s) is not int or s < 0 for s in shape):
         raise ShapeError(f"{what} has shape {shape!r}; expected a tuple of non-negative ints")
 
 
@@ -308,6 +315,8 @@ class EinGraph:
         node.check(self)
 
     def set_output(self, name: str, nid: int) -> None:
+        if not isinstance(name, str) or not name:
+            raise GraphError(f"output name {name!r} must be a non-empty string")
         if not 0 <= nid < len(self.nodes):
             raise GraphError(f"output {name!r} names %{nid}, which is not in the graph")
         node = self.nodes[nid]

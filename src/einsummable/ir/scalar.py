@@ -1,21 +1,17 @@
-"""The join language: parse, print, type, simplify, differentiate and compile.
+"""The join language: type, simplify, differentiate and compile.
 
-Users write joins as Python-syntax strings such as ``"exp(x0 - x1) * x2"``. They
-are parsed with ``ast`` against an allow-list; nothing is ever ``eval``ed. The
-canonical printer round-trips: ``parse(to_string(e)) == e``.
+Users write joins as Python-syntax strings such as ``"exp(x0 - x1) * x2"``;
+``syntax`` parses and prints them (``parse`` and ``to_string`` are re-exported here).
 """
 
 from __future__ import annotations
 
-import ast
-import math
-import re
 from collections.abc import Sequence
 
 import numpy as np
 
 from einsummable.errors import ExprError
-from einsummable.ir.dtypes import DEFAULT, DTYPES
+from einsummable.ir.dtypes import DEFAULT
 from einsummable.ir.expr import (
     ONE,
     ZERO,
@@ -27,172 +23,13 @@ from einsummable.ir.expr import (
     Var,
     call,
     children,
+    depth,
     inputs_used,
     rebuild,
     variables_used,
 )
 from einsummable.ir.scalar_ops import LINEAR_UNARY, OPS, Weak, is_call
-
-_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.Pow: "pow"}
-_CMPOPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
-_NAMED_CONSTS = {"inf": math.inf, "nan": math.nan, "pi": math.pi}
-_INPUT = re.compile(r"x(\d+)$")
-_ALLOWED = "numbers, x0..xN, variable names, + - * / **, comparisons, and calls to " + ", ".join(
-    sorted([*(n for n, r in OPS.items() if r.infix is None), "cast", "complex"])
-)
-
-
-# ---------------------------------------------------------------- parsing
-
-
-def parse(text: str | Expr) -> Expr:
-    """Parse a join string; an Expr passes through unchanged."""
-    if not isinstance(text, str):
-        return text
-    try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as err:
-        raise ExprError(f"cannot parse join expression {text!r}: {err.msg}") from None
-    return _parse(tree.body, text)
-
-
-def _literal(node: ast.AST) -> float | complex | None:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float, complex):
-        return node.value
-    if isinstance(node, ast.Name) and node.id in _NAMED_CONSTS:
-        return _NAMED_CONSTS[node.id]
-    return None
-
-
-def _parse(node: ast.AST, text: str) -> Expr:
-    literal = _literal(node)
-    if literal is not None:
-        return Const(literal)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        inner = _literal(node.operand)
-        if isinstance(node.op, ast.UAdd):
-            return _parse(node.operand, text)
-        if inner is not None:
-            return Const(-inner)
-        return call("neg", _parse(node.operand, text))
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-        op = _BINOPS[type(node.op)]
-        left, right = _parse(node.left, text), _parse(node.right, text)
-        if op == "pow" and not isinstance(right, Const):
-            raise ExprError(f"'**' needs a constant exponent in {text!r}, got {ast.unparse(node.right)!r}")
-        return call(op, left, right)
-    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _CMPOPS:
-        op = _CMPOPS[type(node.ops[0])]
-        return call(op, _parse(node.left, text), _parse(node.comparators[0], text))
-    if isinstance(node, ast.Name):
-        return _parse_name(node.id, text)
-    if isinstance(node, ast.Call):
-        return _parse_call(node, text)
-    raise ExprError(
-        f"{type(node).__name__} ({ast.unparse(node)!r}) is not allowed in join expression "
-        f"{text!r}; allowed: {_ALLOWED}"
-    )
-
-
-def _parse_name(name: str, text: str) -> Expr:
-    m = _INPUT.match(name)
-    if m:
-        return Input(int(m.group(1)))
-    if name in OPS or name in ("cast", "complex"):
-        raise ExprError(f"{name!r} is a function in {text!r}; call it as {name}(...)")
-    if name.startswith("_"):
-        raise ExprError(f"variable names may not start with '_': {name!r} in {text!r}")
-    return Var(name)
-
-
-def _parse_call(node: ast.Call, text: str) -> Expr:
-    if not isinstance(node.func, ast.Name):
-        raise ExprError(
-            f"only plain function calls are allowed in {text!r}, got {ast.unparse(node.func)!r}"
-        )
-    name = node.func.id
-    if node.keywords:
-        raise ExprError(f"{name}() takes no keyword arguments in {text!r}")
-    if name == "cast":
-        if len(node.args) != 2 or not isinstance(node.args[1], ast.Name):
-            raise ExprError(f"cast takes (expr, dtype) in {text!r}, for example cast(x0, f16)")
-        dtype = node.args[1].id
-        if dtype not in DTYPES:
-            raise ExprError(f"unknown dtype {dtype!r} in {text!r}; expected one of {DTYPES}")
-        return Cast(dtype, _parse(node.args[0], text))
-    if name == "complex":
-        parts = [_parse(a, text) for a in node.args]
-        if len(parts) != 2 or not all(isinstance(p, Const) for p in parts):
-            raise ExprError(f"complex takes two number literals in {text!r}")
-        return Const(complex(parts[0].value, parts[1].value))
-    rule = OPS.get(name)
-    if rule is None or (rule.infix is not None):
-        raise ExprError(f"unknown function {name!r} in join expression {text!r}; allowed: {_ALLOWED}")
-    if len(node.args) != rule.arity:
-        raise ExprError(f"{name} takes {rule.arity} argument(s), got {len(node.args)} in {text!r}")
-    return Call(name, tuple(_parse(a, text) for a in node.args))
-
-
-# ---------------------------------------------------------------- printing
-
-
-def _num(v: float) -> str:
-    if math.isnan(v):
-        return "nan"
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    if v.is_integer() and abs(v) < 1e15:
-        return str(int(v))
-    return repr(v)
-
-
-def _precedence(e: Expr) -> int:
-    if isinstance(e, Const):
-        v = e.value
-        negative = isinstance(v, float) and (v < 0 or math.copysign(1.0, v) < 0) and v != 0
-        return 4 if negative else 6
-    if isinstance(e, Call):
-        rule = OPS[e.op]
-        if rule.infix or e.op == "neg":
-            return rule.precedence
-    return 6
-
-
-def to_string(e: Expr) -> str:
-    if isinstance(e, Input):
-        return f"x{e.index}"
-    if isinstance(e, Var):
-        return e.name
-    if isinstance(e, Const):
-        v = e.value
-        if isinstance(v, complex):
-            return f"complex({_num(v.real)}, {_num(v.imag)})"
-        return _num(v)
-    if isinstance(e, Cast):
-        return f"cast({to_string(e.arg)}, {e.dtype})"
-    rule = OPS[e.op]
-    if e.op == "neg":
-        (a,) = e.args
-        if isinstance(a, Const):
-            return f"neg({to_string(a)})"
-        return "-" + _wrap(a, _precedence(a) < 4)
-    if rule.infix:
-        a, b = e.args
-        p = rule.precedence
-        if p == 1:
-            left_paren, right_paren = _precedence(a) <= p, _precedence(b) <= p
-        elif e.op == "pow":
-            left_paren, right_paren = _precedence(a) <= p, False
-        else:
-            left_paren, right_paren = _precedence(a) < p, _precedence(b) <= p
-        return f"{_wrap(a, left_paren)} {rule.infix} {_wrap(b, right_paren)}"
-    return f"{e.op}({', '.join(to_string(a) for a in e.args)})"
-
-
-def _wrap(e: Expr, paren: bool) -> str:
-    s = to_string(e)
-    return f"({s})" if paren else s
-
+from einsummable.ir.syntax import MAX_DEPTH, parse, to_string
 
 # ---------------------------------------------------------------- dtypes
 
@@ -218,11 +55,12 @@ def dtype_of(e: Expr, input_dtypes: Sequence[str]) -> Weak:
 
 
 def result_dtype(e: Expr, input_dtypes: Sequence[str]) -> str:
-    """The dtype an op's output takes: a weakly typed join follows its first input."""
+    """The dtype an op's output takes: a weakly typed join follows its first number input,
+    so ``where(x0 > 0, 2, 0)`` over a boolean is a number of the default dtype."""
     d = dtype_of(e, input_dtypes)
     if d is not None:
         return d
-    return input_dtypes[0] if input_dtypes else DEFAULT
+    return next((d for d in input_dtypes if d != "bool"), DEFAULT)
 
 
 # ---------------------------------------------------------------- simplify
@@ -363,8 +201,19 @@ def _fold_compare(cond: Call) -> bool | None:
 
 
 def derivative(e: Expr, i: int) -> Expr:
-    """d e / d x_i, symbolic and simplified."""
-    return simplify(_d(parse(e), i))
+    """d e / d x_i, symbolic and simplified.
+
+    A parsed join nests at most MAX_DEPTH levels and its derivative about twice that;
+    differentiating again past 2 * MAX_DEPTH is refused before the recursion runs out.
+    """
+    e = parse(e)
+    levels = depth(e)
+    if levels > 2 * MAX_DEPTH:
+        raise ExprError(
+            f"cannot differentiate a join nested {levels} levels deep (a derivative of a "
+            f"derivative of a deep join); the limit is {2 * MAX_DEPTH}"
+        )
+    return simplify(_d(e, i))
 
 
 def _d(e: Expr, i: int) -> Expr:

@@ -46,6 +46,11 @@ def _unify(name: str, dts: tuple[Weak, ...]) -> Weak:
         return concrete.pop()
     if all(d == "bool" for d in dts):
         raise DtypeError(f"{name} of boolean operands; cast them to a number type first")
+    if "bool" in dts:  # only a constant or variable beside it: nothing says which number type
+        raise DtypeError(
+            f"{name} of a boolean (a comparison) and a number: the result has no number type; "
+            "cast the boolean first, as in cast(x0 > 0, f32) * 2, or use where(x0 > 0, 2, 0)"
+        )
     return None
 
 
@@ -62,6 +67,8 @@ def _to_real(name: str, dts: tuple[Weak, ...]) -> Weak:
 
 
 def _compare(name: str, dts: tuple[Weak, ...]) -> Weak:
+    if "bool" in dts and all(d in ("bool", None) for d in dts):
+        return "bool"  # a boolean against a constant, such as (x0 > 0) == 1
     out = _unify(name, dts)
     if out in COMPLEX and name not in ("eq", "ne"):
         raise DtypeError(f"{name} cannot order complex operands ({out})")
