@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from common import add_llama_arguments, median_time, report
-from einsummable.generate import Generator
+from einsummable.models.llama.generate import Generator
 from einsummable.train.trainer import TrainConfig, Trainer, batch_at, lr_at
 from llama_block import hf_model, torch_loss
 

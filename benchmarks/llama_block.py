@@ -17,7 +17,8 @@ import numpy as np
 
 import einsummable as es
 from common import add_llama_arguments, median_time, report
-from einsummable.models import llama, weights
+from einsummable.models.llama import model as llama
+from einsummable.models.llama import weights
 
 
 def hf_model(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int, vocab: int,

@@ -11,20 +11,19 @@ from __future__ import annotations
 import argparse
 import time
 
-from einsummable.autodiff import grad
 from einsummable.hardware.cluster import Cluster
-from einsummable.models import llama
-from einsummable.models.llama import PRESETS
+from einsummable.models.llama import model as llama
+from einsummable.models.llama.model import PRESETS
 from einsummable.plan.cost import CostModel
 from einsummable.plan.plan import build
 from einsummable.plan.planners import PLANNERS, choose, partitions
 from einsummable.plan.space import spaces
+from einsummable.train.grads import output_gradients
 
 
 def llama_train(model: str = "llama-7b", batch: int = 8, seq: int = 2048):
     g, p, loss = llama.loss_graph(PRESETS[model], batch, seq)
-    for name, d in zip(p, grad(loss, list(p.values())), strict=True):
-        g.output("grad:" + name, d)
+    output_gradients(g, loss, p)
     g.output("loss", loss)
     return g.ir
 

@@ -31,15 +31,15 @@ import numpy as np
 
 import einsummable as es
 from einsummable import workloads
-from einsummable.autodiff import grad
 from einsummable.engines.simulate import apply_seconds
 from einsummable.ir.graph import EinGraph, EinsumNode
 from einsummable.lower.lowering import lower
-from einsummable.models import llama
+from einsummable.models.llama import model as llama
 from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
 from einsummable.plan.space import nbytes
 from einsummable.plan.traffic import flops_per_block
+from einsummable.train.grads import output_gradients
 
 PLANNERS = {"eindecomp": "EinDecomp", "data_parallel": "data parallel", "model_parallel": "Megatron",
             "uniform": "uniform"}
@@ -48,8 +48,7 @@ PLANNERS = {"eindecomp": "EinDecomp", "data_parallel": "data parallel", "model_p
 def llama_train() -> EinGraph:
     cfg = llama.PRESETS["llama-7b"]
     g, p, loss = llama.loss_graph(cfg, 8, 2048)
-    for name, d in zip(p, grad(loss, list(p.values())), strict=True):
-        g.output("grad:" + name, d)
+    output_gradients(g, loss, p)
     g.output("loss", loss)
     return g.ir
 

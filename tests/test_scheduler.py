@@ -1,5 +1,6 @@
 """The shared dependency loop: random DAGs on random worker counts, errors, freeing."""
 
+import signal
 import threading
 import time
 
@@ -101,3 +102,88 @@ def test_the_oracles_name_the_node_or_task_that_failed(engine, monkeypatch):
     g.output("y", es.nn.relu(x))
     with pytest.raises(EngineError, match=r"\(.*relu.*\) failed: FloatingPointError: boom"):
         es.compile(g, engine=engine).run({"x": np.ones((3, 4), np.float32)})
+
+
+def _workers_alive():
+    return [t for t in threading.enumerate() if t.name.startswith("einsummable-") and t.is_alive()]
+
+
+ctrl_c = pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+
+
+@ctrl_c
+def test_ctrl_c_stops_the_workers_within_one_kernel():
+    """KeyboardInterrupt in the caller (as Ctrl-C delivers it) stops the run: no task starts
+    after it, and the workers are gone when the exception reaches the caller."""
+    main = threading.main_thread().ident
+    kernel = 0.05
+    started, interrupted = [], []
+
+    def execute(i, args):
+        started.append((i, time.perf_counter()))
+        if i == 6:
+            interrupted.append(time.perf_counter())
+            signal.pthread_kill(main, signal.SIGINT)  # what Ctrl-C sends
+        time.sleep(kernel)
+        return i
+
+    inputs = [()] * 2 + [(k - 2,) for k in range(2, 200)]  # two chains, one per worker
+    with pytest.raises(KeyboardInterrupt):
+        run(inputs, execute, location=[k % 2 for k in range(200)], workers=2, keep={199})
+    raised = time.perf_counter()
+    assert not _workers_alive()
+    assert raised - interrupted[0] < 2 * kernel + 0.1
+    late = [i for i, t in started if t > interrupted[0] + 0.01]
+    assert len(late) <= 1, late  # at most the other worker's task already under way
+
+
+def test_a_keyboard_interrupt_inside_a_task_stays_a_keyboard_interrupt():
+    def execute(i, args):
+        if i == 5:
+            raise KeyboardInterrupt
+        return i
+
+    with pytest.raises(KeyboardInterrupt):
+        run([()] + [(k,) for k in range(49)], execute, location=[k % 2 for k in range(50)], workers=2,
+            keep={49})
+    assert not _workers_alive()
+
+
+@ctrl_c
+def test_ctrl_c_during_a_compiled_program_leaves_no_worker_running(monkeypatch):
+    import numpy as np
+
+    import einsummable as es
+    from einsummable.engines import kernels
+
+    kernel, calls, interrupted = 0.02, [], []
+    main = threading.main_thread().ident
+    prepare = kernels.prepare
+
+    def slow(op):  # every kernel takes 20 ms; the 10th sends Ctrl-C
+        run_op = prepare(op)
+
+        def timed(args, variables):
+            calls.append(time.perf_counter())
+            if len(calls) == 10:
+                interrupted.append(time.perf_counter())
+                signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(kernel)
+            return run_op(args, variables)
+
+        return timed
+
+    monkeypatch.setattr(kernels, "prepare", slow)
+    g = es.Graph()
+    x = g.input("x", (64, 64))
+    h = x
+    for _ in range(60):
+        h = es.nn.relu(h @ x) * (1 / 64)
+    g.output("h", h)
+    prog = es.compile(g, workers=2)
+    X = np.random.default_rng(0).standard_normal((64, 64), dtype=np.float32)
+    with pytest.raises(KeyboardInterrupt):
+        prog.run({"x": X})
+    assert not _workers_alive()
+    assert time.perf_counter() - interrupted[0] < 2 * kernel + 0.1
+    assert len([t for t in calls if t > interrupted[0] + 0.005]) <= 1

@@ -7,6 +7,7 @@ from einsummable.compile import Program, compile, simulate
 from einsummable.errors import (
     AutodiffError,
     CheckpointError,
+    ConfigError,
     DtypeError,
     EinsummableError,
     EngineError,
@@ -42,6 +43,7 @@ __all__ = [
     "AutodiffError",
     "CheckpointError",
     "Cluster",
+    "ConfigError",
     "DtypeError",
     "EinsummableError",
     "EngineError",

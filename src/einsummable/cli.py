@@ -11,37 +11,34 @@ import math
 import re
 import sys
 import time
+import warnings
 from dataclasses import asdict, fields, replace
-from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
-from einsummable.autodiff import grad
 from einsummable.errors import EinsummableError
 from einsummable.frontend.core import Graph
-from einsummable.generate import Generator
 from einsummable.hardware.cluster import Cluster
-from einsummable.models import llama, weights
-from einsummable.models import tokenizer as tokenizers
-from einsummable.models.llama import PRESETS, LlamaConfig
+from einsummable.models.llama import model as llama
+from einsummable.models.llama import tokenizer as tokenizers
+from einsummable.models.llama import weights
+from einsummable.models.llama.data import BUNDLED, corpus, load_data
+from einsummable.models.llama.generate import Generator
+from einsummable.models.llama.model import PRESETS, LlamaConfig, init_params
 from einsummable.plan import report
 from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
 from einsummable.progress import Progress
+from einsummable.train.grads import output_gradients
 from einsummable.train.optim import adamw
-from einsummable.train.trainer import TrainConfig, Trainer, init_params
+from einsummable.train.trainer import TrainConfig, Trainer
 
 DEMO_MODEL = PRESETS["demo"]
 DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=400, lr=3e-3, min_lr=3e-4, warmup=30)
 
 
 COMPARE_UP_TO = 512  # placing all four baselines for 2048 workers takes minutes
-
-
-def corpus() -> np.ndarray:
-    text = resources.files("einsummable").joinpath("data/corpus.txt").read_bytes()
-    return np.frombuffer(text, dtype=np.uint8)
 
 
 def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:
@@ -111,7 +108,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
     out = Path(args.out)
     train = TrainConfig(**(asdict(DEMO_TRAIN) | {"steps": args.steps}))
     trainer = Trainer(DEMO_MODEL, init_params(DEMO_MODEL, seed=0), train, corpus(),
-                      engine=args.engine, workers=args.workers)
+                      engine=args.engine, workers=args.workers, data_source=BUNDLED)
     run_training(trainer, out)
     first, last = np.mean(trainer.losses[:10]), np.mean(trainer.losses[-10:])
     print(f"loss fell from {first:.3f} to {last:.3f} nats/byte")
@@ -121,28 +118,64 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    data = np.frombuffer(Path(args.data).read_bytes(), dtype=np.uint8) if args.data else corpus()
-    out = Path(args.out)
+    source = str(Path(args.data).resolve()) if args.data else None
     if args.resume:
-        trainer = Trainer.resume(args.resume, data, engine=args.engine, workers=args.workers)
+        trainer = _resume(args, source)
+        out = Path(args.out or args.resume)
     else:
-        spec = json.loads(Path(args.config).read_text()) if args.config else {}
-        model = LlamaConfig(**(asdict(DEMO_MODEL) | spec.get("model", {})))
-        train = _train_config(spec.get("train", {}), args.steps)
-        trainer = Trainer(model, init_params(model, train.seed), train, data,
-                          engine=args.engine, workers=args.workers)
+        spec = _read_json(Path(args.config)) if args.config else {}
+        model = _model_config(spec.get("model", {}), args.config)
+        train = _train_config(spec.get("train", {}), args.steps, args.config)
+        source = source or BUNDLED
+        trainer = Trainer(model, init_params(model, train.seed), train, load_data(source),
+                          engine=args.engine, workers=args.workers, data_source=source)
+        out = Path(args.out or "einsummable-run")
     run_training(trainer, out)
 
 
-def _train_config(values: dict, steps: int | None) -> TrainConfig:
-    names = {f.name for f in fields(TrainConfig)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise EinsummableError(f"unknown training settings {unknown}; known: {sorted(names)}")
-    cfg = asdict(DEMO_TRAIN) | values
-    if steps is not None:
-        cfg["steps"] = steps
-    return TrainConfig(**cfg)
+def _resume(args: argparse.Namespace, source: str | None) -> Trainer:
+    """The checkpoint's run, continued up to --steps (default: the end it was saved with)."""
+    if args.config:
+        raise EinsummableError("--config sets up a new run; a resumed run keeps its checkpoint's settings "
+                               "(--steps moves its end)")
+    data = load_data(source) if source else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = Trainer.resume(args.resume, data, data_source=source, steps=args.steps,
+                                 engine=args.engine, workers=args.workers)
+    for w in caught:
+        print(f"einsummable: warning: {w.message}", file=sys.stderr)
+    if trainer.step >= trainer.cfg.steps:
+        raise EinsummableError(f"{args.resume} has finished its run of {trainer.cfg.steps} steps; "
+                               f"--steps N trains on up to step N (N > {trainer.step})")
+    return trainer
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        spec = json.loads(path.read_text())
+    except OSError as err:
+        raise EinsummableError(f"cannot read {path}: {err.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise EinsummableError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(spec, dict) or set(spec) - {"model", "train"}:
+        raise EinsummableError(f'{path}: expected {{"model": {{...}}, "train": {{...}}}}')
+    return spec
+
+
+def _model_config(values: object, where: str | None) -> LlamaConfig:
+    names = [f.name for f in fields(LlamaConfig)]
+    if not isinstance(values, dict) or set(values) - set(names):
+        unknown = sorted(set(values) - set(names)) if isinstance(values, dict) else values
+        raise EinsummableError(f"{where}: model: unknown settings {unknown}; known: {names}")
+    return LlamaConfig(**(asdict(DEMO_MODEL) | values))
+
+
+def _train_config(values: object, steps: int | None, where: str | None = None) -> TrainConfig:
+    merged = (asdict(DEMO_TRAIN) | values) if isinstance(values, dict) else values
+    if steps is not None and isinstance(merged, dict):
+        merged["steps"] = steps
+    return TrainConfig.from_dict(merged, f"{where or 'the command line'}: train")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -187,8 +220,7 @@ def training_graph(cfg: LlamaConfig, batch: int, seq: int, optimizer: str = "ada
     if optimizer == "adamw":
         adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
         return g
-    for name, d in zip(p, grad(loss, list(p.values())), strict=True):
-        g.output("grad:" + name, d)
+    output_gradients(g, loss, p)
     g.output("loss", loss)
     return g
 
@@ -248,10 +280,15 @@ def main(argv: list[str] | None = None) -> int:
 
     train = sub.add_parser("train", help="train a Llama on a text file (byte-level)")
     train.add_argument("--config", help='JSON: {"model": {...LlamaConfig}, "train": {...TrainConfig}}')
-    train.add_argument("--data", help="a text file (default: the bundled corpus)")
+    train.add_argument("--data", help="a text file (default: the bundled corpus; with --resume, the data the "
+                                      "checkpoint trained on, which must be unchanged)")
     train.add_argument("--resume", help="a checkpoint directory written by train or demo")
-    train.add_argument("--steps", type=int, default=None)
-    train.add_argument("--out", default="einsummable-run")
+    train.add_argument("--steps", type=int, default=None, metavar="N", help=(
+        "the step to train up to (a total, not a count of more steps): a new run trains N steps; with "
+        "--resume the run goes on from its checkpoint's step to step N, the cosine schedule stretched to "
+        "end at N (default: the config's, or the checkpoint's)"))
+    train.add_argument("--out", default=None, help=(
+        "the checkpoint directory (default: einsummable-run; with --resume, the resumed one)"))
     common(train)
     train.set_defaults(fn=cmd_train)
 

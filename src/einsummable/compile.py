@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
@@ -94,6 +95,9 @@ class Session:
         for t in range(steps):
             loss = sess.run({"x": X, "lr": 1e-3}, fetch=["loss"])["loss"]
         W = sess.state()["w"]
+
+    Runs are serialised: a run reads the resident state and replaces it, so two
+    threads sharing a session each see the other's updates (none is lost).
     """
 
     def __init__(self, program: Program, state: Mapping[str, np.ndarray]) -> None:
@@ -101,8 +105,13 @@ class Session:
         arrays = check_inputs(program.graph, state)
         self._state: dict[str, object] = {k: np.array(v, copy=True) for k, v in arrays.items()}
         self._carry = frozenset(self._state) & set(program.graph.outputs)
+        self._lock = threading.Lock()
 
     def run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        with self._lock:
+            return self._run(feeds, fetch)
+
+    def _run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None) -> dict[str, np.ndarray]:
         clash = sorted(set(feeds) & set(self._state))
         if clash:
             raise FeedError(f"{clash} are resident in this session; feed only the other inputs")
@@ -120,7 +129,8 @@ class Session:
 
     def state(self) -> dict[str, np.ndarray]:
         """The resident tensors, gathered into arrays (for a checkpoint)."""
-        return {name: _as_array(v) for name, v in self._state.items()}
+        with self._lock:  # between runs, never half-way through one
+            return {name: _as_array(v) for name, v in self._state.items()}
 
 
 def _as_array(value: object) -> np.ndarray:

@@ -51,3 +51,7 @@ class SimulationError(EinsummableError):
 
 class CheckpointError(EinsummableError):
     """A checkpoint file is corrupt, truncated or does not match the model."""
+
+
+class ConfigError(EinsummableError):
+    """A model configuration is malformed, or asks for maths this Llama does not implement."""

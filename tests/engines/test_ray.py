@@ -51,6 +51,21 @@ def test_cluster_from_ray_reads_nodes_and_cpus(two_nodes):
     assert (cluster.machines, cluster.cores, cluster.flops_per_core) == (2, 2, 1e10)
 
 
+def test_half_precision_partial_sums_round_once_on_two_nodes(two_nodes):
+    """Partial sums of bf16 cross the nodes in f32; the formed sum rounds once (issue 15)."""
+    import ml_dtypes
+
+    x = np.full((8, 4096), 0.1, ml_dtypes.bfloat16)
+    g = es.Graph()
+    t = g.input("x", x.shape, "bf16")
+    g.output("s", t.sum())
+    g.output("p", es.nn.softmax(t))
+    cluster = es.Cluster(machines=2, cores=2, min_block_seconds=0)
+    out = es.compile(g, cluster=cluster, planner="uniform", engine="ray").run({"x": x})
+    assert float(out["s"]) == 3280.0  # bf16(32768 x bf16(0.1)); 32 when accumulated in bf16
+    np.testing.assert_allclose(out["p"].astype(np.float64).sum(-1), 1.0, atol=1e-2)
+
+
 @settings(max_examples=30)
 @given(st.integers(0, 2**32 - 1))
 def test_random_graphs_match_reference_on_two_nodes(two_nodes, seed):

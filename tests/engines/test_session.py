@@ -71,3 +71,28 @@ def test_blocks_serve_any_box():
     np.testing.assert_array_equal(b.get(((1, 3), (2, 5))), full[1:3, 2:5])
     assert b.get(((0, 2), (0, 6))) is b.blocks[((0, 2), (0, 6))]
     np.testing.assert_array_equal(b.array(), full)
+
+
+@pytest.mark.parametrize("engine,workers", [("local", 2), ("local", 1), ("reference", 1)])
+def test_threads_sharing_a_session_lose_no_update(engine, workers):
+    """Each run reads the resident counter and writes it back: runs must not interleave."""
+    import threading
+
+    g = es.Graph()
+    c = g.input("c", (64,))
+    g.output("c", c + 1.0)
+    sess = es.compile(g, workers=workers, engine=engine).session({"c": np.zeros(64, np.float32)})
+    per_thread, threads = 300, 2
+    start = threading.Barrier(threads)
+
+    def bump():
+        start.wait()
+        for _ in range(per_thread):
+            sess.run({})
+
+    pool = [threading.Thread(target=bump) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    np.testing.assert_array_equal(sess.state()["c"], np.full(64, per_thread * threads, np.float32))

@@ -10,8 +10,9 @@ transformers = pytest.importorskip("transformers")
 
 import einsummable as es  # noqa: E402
 from einsummable.errors import CheckpointError  # noqa: E402
-from einsummable.generate import Generator  # noqa: E402
-from einsummable.models import llama, safetensors_io, weights  # noqa: E402
+from einsummable.models.llama import model as llama  # noqa: E402
+from einsummable.models.llama import safetensors_io, weights  # noqa: E402
+from einsummable.models.llama.generate import Generator  # noqa: E402
 
 CONFIGS = {
     "gqa-untied": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),

@@ -8,10 +8,12 @@ import pytest
 
 from einsummable import cli
 from einsummable.errors import CheckpointError
-from einsummable.models import safetensors_io
-from einsummable.models.llama import LlamaConfig
+from einsummable.models.llama import safetensors_io
+from einsummable.models.llama.data import corpus
+from einsummable.models.llama.model import LlamaConfig, init_params
+from einsummable.train import checkpoint
 from einsummable.train import trainer as trainer_mod
-from einsummable.train.trainer import TrainConfig, Trainer, init_params, lr_at
+from einsummable.train.trainer import TrainConfig, Trainer, lr_at
 
 TINY = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                    num_attention_heads=2, num_key_value_heads=1)
@@ -20,7 +22,7 @@ TINY = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hid
 def make(steps=40, **kw):
     base = {"batch": 8, "seq": 32, "steps": steps, "lr": 1e-2, "min_lr": 1e-3, "warmup": 5}
     cfg = TrainConfig(**(base | kw))
-    return Trainer(TINY, init_params(TINY, seed=1), cfg, cli.corpus(), engine="reference")
+    return Trainer(TINY, init_params(TINY, seed=1), cfg, corpus(), engine="reference")
 
 
 def test_loss_falls_on_the_demo_corpus():
@@ -37,7 +39,7 @@ def test_resume_reproduces_the_uninterrupted_curve(tmp_path):
     for _ in range(4):
         first.train_step()
     first.save(tmp_path / "ckpt")
-    resumed = Trainer.resume(tmp_path / "ckpt", cli.corpus(), engine="reference")
+    resumed = Trainer.resume(tmp_path / "ckpt", corpus(), engine="reference")
     assert resumed.step == 4
     rest = [resumed.train_step() for _ in range(6)]
     np.testing.assert_allclose(first.losses + rest, full, rtol=1e-6)
@@ -90,11 +92,15 @@ def test_mismatched_optimizer_state_names_the_tensor(tmp_path):
     state = safetensors_io.load(tmp_path / "optimizer.safetensors")
     state["model.norm.weight.m"] = np.zeros(3, np.float32)
     safetensors_io.save(state, tmp_path / "optimizer.safetensors")
+    with pytest.raises(CheckpointError, match=r"optimizer\.safetensors is not the file saved"):
+        Trainer.resume(tmp_path, corpus(), engine="reference")
+    meta = json.loads((tmp_path / "trainer.json").read_text())  # record the bad file as the saved one
+    checkpoint.write(tmp_path, meta["step"], meta["train"], meta["losses"], meta["data"])
     with pytest.raises(CheckpointError, match=r"model\.norm\.weight\.m"):
-        Trainer.resume(tmp_path, cli.corpus(), engine="reference")
+        Trainer.resume(tmp_path, corpus(), engine="reference")
     (tmp_path / "trainer.json").unlink()
     with pytest.raises(CheckpointError, match="trainer.json"):
-        Trainer.resume(tmp_path, cli.corpus(), engine="reference")
+        Trainer.resume(tmp_path, corpus(), engine="reference")
 
 
 def test_cli_demo_trains_saves_plots_and_samples(tmp_path, capsys):

@@ -65,6 +65,7 @@ def rematerialize(graph: EinGraph, loss: int | Tensor, keep: Iterable[int | Tens
         moved[nid] = out.add(dataclasses.replace(node, inputs=inputs))
     for name, nid in graph.outputs.items():
         out.set_output(name, moved[nid])
+    out.class_ids = list(graph.class_ids)
     return out
 
 

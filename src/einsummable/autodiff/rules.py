@@ -27,6 +27,7 @@ from einsummable.errors import AutodiffError
 from einsummable.frontend.core import Tensor, apply, reshape, select, view_as_complex, view_as_real
 from einsummable.ir import scalar
 from einsummable.ir.box import Box, box_shape, intersect, place, volume, whole
+from einsummable.ir.compiled import HALF
 from einsummable.ir.dtypes import COMPLEX, real_of
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import (
@@ -198,20 +199,26 @@ def _by_extremum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grad
     y = fw.formed(nid)
     # The raw join, unsimplified, so it rounds exactly as the forward pass did.
     hit = call("eq", op.join, Input(n))
+    # Ties are counted, and shared out, in f32 for half types: bf16 counts 300 ties as 256.
+    wide = "f32" if op.dtype in HALF else op.dtype
     count_op = Einsummable(op.join_shape, (*op.inputs, _out(op)), op.out_rank,
-                           Cast(op.dtype, call("where", hit, ONE, ZERO)), "add", (*op.dtypes, y.dtype))
+                           Cast(wide, call("where", hit, ONE, ZERO)), "add", (*op.dtypes, y.dtype))
     count = apply(count_op, [t for t, _ in xs] + [y])
     operands = [*xs, (y, _out(op)), (count, _out(op)), (g, _out(op))]
-    share = call("div", _cot_expr(g, n + 2), Input(n + 1))
+    share = call("div", _as(wide, _cot_expr(g, n + 2), op.dtype), Input(n + 1))
     grads: list[Cot | None] = []
     for i in range(n):
         d = _partial(op, i)
         if not wants[i] or d == ZERO:
             grads.append(None)
             continue
-        expr = call("mul", share, call("where", hit, d, ZERO))
+        expr = call("mul", share, call("where", hit, _as(wide, d, op.dtype), ZERO))
         grads.append(_contract(fw, op, expr, operands, op.inputs[i], op.dtypes[i]))
     return tuple(grads)
+
+
+def _as(dtype: str, e: Expr, was: str) -> Expr:
+    return e if dtype == was else Cast(dtype, e)
 
 
 def _by_product(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:

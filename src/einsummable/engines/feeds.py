@@ -42,6 +42,7 @@ def check_feeds(
         if name not in feeds:
             continue
         arrays[name] = _check_array(name, node, feeds[name])
+    _check_class_ids(graph, arrays)
     values: dict[str, float] = {}
     for name in variables:
         value = feeds[name]
@@ -57,7 +58,33 @@ def check_inputs(graph: EinGraph, arrays: Mapping[str, object]) -> dict[str, np.
     unknown = sorted(set(arrays) - set(inputs))
     if unknown:
         raise FeedError(f"{unknown} are not inputs of the graph; its inputs are {sorted(inputs)}")
-    return {name: _check_array(name, inputs[name], value) for name, value in arrays.items()}
+    checked = {name: _check_array(name, inputs[name], value) for name, value in arrays.items()}
+    _check_class_ids(graph, checked)
+    return checked
+
+
+def check_class_ids(what: str, values: np.ndarray, classes: int, use: str,
+                    box: tuple[tuple[int, int], ...] | None = None) -> None:
+    """Refuse any value of ``values`` (within ``box``) that is not an integer in [0, classes),
+    naming the first by value and position."""
+    box = box or tuple((0, n) for n in values.shape)
+    region = np.asarray(values)[tuple(slice(lo, hi) for lo, hi in box)]
+    if region.dtype.kind not in "iub":
+        region = region.astype(np.float64)
+    bad = ~((region >= 0) & (region < classes) & (region == np.floor(region)))
+    if bad.any():
+        first = np.argwhere(bad)[0]
+        position = tuple(int(i) + lo for i, (lo, _) in zip(first, box, strict=True))
+        value = region[tuple(first)].item()
+        more = f" ({int(bad.sum())} such values)" if bad.sum() > 1 else ""
+        raise FeedError(f"{what} holds {value!r} at position {position}, read as {use}: class ids must be "
+                        f"integers in [0, {classes}){more}")
+
+
+def _check_class_ids(graph: EinGraph, arrays: Mapping[str, np.ndarray]) -> None:
+    for ids in graph.class_ids:
+        if ids.input in arrays:
+            check_class_ids(f"input {ids.input!r}", arrays[ids.input], ids.classes, ids.use, ids.box)
 
 
 def _check_array(name: str, node: InputNode, value: object) -> np.ndarray:

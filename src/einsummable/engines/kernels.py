@@ -2,6 +2,12 @@
 
 Any einsummable runs: contractions go to ``np.einsum``/BLAS, everything else is
 its compiled join over broadcast views followed by a ufunc reduction.
+
+Half precision (f16, bf16) is computed and accumulated in f32 and rounded once,
+when the kernel returns, as torch and JAX reduce: a bf16 sum of 4096 x 0.1 that
+accumulated in bf16 would stall at 32. A half-precision partial sum that the
+lowering keeps in f32 (the join wrapped in ``cast(.., f32)``) is the same kernel
+without the final rounding.
 """
 
 from __future__ import annotations
@@ -13,11 +19,13 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from einsummable.engines.gemm import contraction, upcast
 from einsummable.ir import scalar
 from einsummable.ir.box import Box
+from einsummable.ir.compiled import HALF, WIDE, Compiled
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
-from einsummable.ir.expr import ONE, ZERO, Const, Expr, Input, call, inputs_used, substitute
+from einsummable.ir.expr import ONE, ZERO, Cast, Const, Expr, Input, call, inputs_used, substitute
 from einsummable.ir.graph import Constant, FillKind, Ramp, Tril
 from einsummable.ir.scalar_ops import is_call
 
@@ -25,30 +33,48 @@ REDUCE = {"add": np.add, "mul": np.multiply, "min": np.minimum, "max": np.maximu
 
 
 @functools.lru_cache(maxsize=4096)
-def compiled(join: Expr, dtypes: tuple[str, ...]) -> scalar.Compiled:
-    return scalar.Compiled(join, dtypes)
+def compiled(join: Expr, dtypes: tuple[str, ...]) -> Compiled:
+    return Compiled(join, dtypes)
+
+
+def accumulator(op: Einsummable) -> np.dtype | None:
+    """The dtype a sum or product of ``op`` accumulates in, when it is not its own:
+    f32 for the half types (a min or max is exact in any)."""
+    return WIDE if op.dtype in HALF and op.agg in ("add", "mul") else None
+
+
+def kept_wide(op: Einsummable) -> Einsummable | None:
+    """The half-precision op inside ``cast(join, f32)``, a partial sum the lowering keeps
+    in f32 until its formation rounds it once; None for any other op."""
+    join = op.join
+    if not (isinstance(join, Cast) and join.dtype == "f32" and op.agg in ("add", "mul")):
+        return None
+    inner = Einsummable(op.join_shape, op.inputs, op.out_rank, join.arg, op.agg, op.dtypes)
+    return inner if inner.dtype in HALF else None
 
 
 def einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None = None) -> np.ndarray:
     """Evaluate ``op`` on arrays shaped like its inputs; returns a fresh array."""
+    result = np.broadcast_to(_evaluate(kept_wide(op) or op, arrays, variables), op.out_shape)
+    return np.array(result, dtype=to_numpy(op.dtype), copy=True)
+
+
+def _evaluate(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None) -> np.ndarray:
+    """``einsum`` before its final rounding: half precision comes back in f32."""
     covered = set(range(op.out_rank)) <= {i for idx in op.inputs for i in idx}
     plain = len(op.inputs) == 1 and op.join == IDENTITY and op.agg in (None, "add")
     if covered and (op.is_contraction() or plain):
-        arrays = _upcast(arrays)
+        arrays = upcast(arrays)
         subs = ",".join("".join(letter(i) for i in idx) for idx in op.inputs)
         out = "".join(letter(i) for i in range(op.out_rank))
-        result = np.einsum(f"{subs}->{out}", *arrays, optimize=len(arrays) > 1)
-        result = np.broadcast_to(result, op.out_shape)
-        return np.array(result, dtype=to_numpy(op.dtype), copy=True)
+        return np.einsum(f"{subs}->{out}", *arrays, optimize=len(arrays) > 1)
     if math.prod(op.join_shape) > JOIN_LIMIT and op.out_rank and op.join_shape[0] > 1:
         return _in_slabs(op, arrays, variables)
     views = [_align(a, idx, op.join_shape) for a, idx in zip(arrays, op.inputs, strict=True)]
-    fn = compiled(op.join, op.dtypes)
-    joined = fn(*views, variables=variables)
+    joined = compiled(op.join, op.dtypes)(*views, variables=variables, wide=op.agg is not None)
     if op.agg is not None:
-        joined = REDUCE[op.agg].reduce(joined, axis=op.aggregated)
-    joined = np.broadcast_to(joined, op.out_shape)
-    return np.array(joined, dtype=to_numpy(op.dtype), copy=True)
+        joined = REDUCE[op.agg].reduce(joined, axis=op.aggregated, dtype=accumulator(op))
+    return joined
 
 
 JOIN_LIMIT = 1 << 24  # join-space elements the reference materialises at once
@@ -63,13 +89,9 @@ def _in_slabs(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | N
         hi = min(n, lo + step)
         sliced = [a[tuple(slice(lo, hi) if i == 0 else slice(None) for i in idx)]
                   for a, idx in zip(arrays, op.inputs, strict=True)]
-        parts.append(einsum(op.block((hi - lo, *op.join_shape[1:])), sliced, variables))
+        block = op.block((hi - lo, *op.join_shape[1:]))
+        parts.append(np.broadcast_to(_evaluate(block, sliced, variables), block.out_shape))
     return np.concatenate(parts, axis=0)
-
-
-def _upcast(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Half-precision operands go to BLAS as f32: numpy has no f16/bf16 GEMM worth the name."""
-    return [a.astype(np.float32) if a.dtype.itemsize == 2 and a.dtype.kind != "i" else a for a in arrays]
 
 
 def _alignment(idx: tuple[int, ...], join_shape: tuple[int, ...]) -> tuple[list[int], tuple[int, ...]]:
@@ -120,18 +142,36 @@ def prepare(op: Einsummable) -> Kernel:
     (of an input, or broadcast); engines never write into blocks they did not make.
     """
     dtype = to_numpy(op.dtype)
+    body = _body(kept_wide(op) or op)
+    shape = op.out_shape
+
+    def kernel(arrays: Sequence[np.ndarray], variables: dict | None = None) -> np.ndarray:
+        result = body(arrays, variables)
+        if result.dtype != dtype:
+            result = result.astype(dtype)  # half precision rounds here, once
+        return result if result.shape == shape else np.broadcast_to(result, shape)
+
+    return kernel
+
+
+def _body(op: Einsummable) -> Kernel:
+    """The kernel's work, before its cast to ``op.dtype``: half precision stays in f32."""
     match = equality_gather(op)
+    acc = accumulator(op)
     if op.is_contraction() and _inner_size(op) > TINY_INNER:
-        body = _contraction(op)
+        body = contraction(op)
     elif match is not None:
         def body(arrays, variables):
             return _gather(op, arrays, *match)
+    elif len(op.inputs) == 1 and op.agg is None and op.join in (IDENTITY, Cast(op.dtype, IDENTITY)):
+        def body(arrays, variables):  # a cast is the kernel's own final astype
+            return _align(arrays[0], op.inputs[0], op.join_shape)
     elif op.join == IDENTITY and len(op.inputs) == 1:
         reduce = REDUCE[op.agg].reduce if op.agg else None
 
         def body(arrays, variables):
             view = _align(arrays[0], op.inputs[0], op.join_shape)
-            return reduce(view, axis=op.aggregated) if reduce else view
+            return reduce(view, axis=op.aggregated, dtype=acc) if reduce else view
     elif _aggregated_size(op) > 0 and (split := _outer_factors(op)) is not None:
         body = _factored(op, *split)
     elif op.agg and 0 < _aggregated_size(op) <= TINY_INNER:  # (an empty sum is the generic path's)
@@ -148,18 +188,10 @@ def prepare(op: Einsummable) -> Kernel:
         def body(arrays, variables):
             views = [a.transpose(axes).reshape(shape).transpose(order)
                      for a, (axes, shape) in zip(arrays, aligned, strict=True)]
-            result = fn(*views, variables=variables)
-            return (reduce(result, axis=summed) if reduce else result).transpose(back)
+            result = fn(*views, variables=variables, wide=reduce is not None)
+            return (reduce(result, axis=summed, dtype=acc) if reduce else result).transpose(back)
 
-    shape = op.out_shape
-
-    def kernel(arrays: Sequence[np.ndarray], variables: dict | None = None) -> np.ndarray:
-        result = body(arrays, variables)
-        if result.dtype != dtype:
-            result = result.astype(dtype)
-        return result if result.shape == shape else np.broadcast_to(result, shape)
-
-    return kernel
+    return body
 
 
 def fast_einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None = None,
@@ -225,7 +257,7 @@ def _factored(op: Einsummable, outer: Expr, inner: Expr) -> Kernel:
         if used:
             part = Einsummable(shape, tuple(op.inputs[k] for k in used), op.out_rank, renumbered, agg,
                                tuple(op.dtypes[k] for k in used))
-            parts.append((prepare(part), used))
+            parts.append((_body(part), used))
         else:  # constants and run-time variables only
             parts.append((renumbered, used))
     (summed, s_used), (scale, o_used) = parts
@@ -234,7 +266,7 @@ def _factored(op: Einsummable, outer: Expr, inner: Expr) -> Kernel:
         total = summed([arrays[k] for k in s_used], variables)
         if not o_used:  # folded in double precision; a Python number keeps total's dtype
             return total * scalar.constant_value(scale, variables)
-        return np.multiply(total, scale([arrays[k] for k in o_used], variables))
+        return np.multiply(total, scale([arrays[k] for k in o_used], variables))  # rounded once, after
 
     return body
 
@@ -260,7 +292,7 @@ def _small_reduce(op: Einsummable) -> Kernel:
     """A reduction over a handful of values (RoPE's 2x2 rotation sums over 2): one join per
     aggregated position, folded into the output, so the join space is never formed and
     no ufunc reduces along a short strided axis."""
-    fn, combine = compiled(op.join, op.dtypes), REDUCE[op.agg]
+    fn, combine, acc = compiled(op.join, op.dtypes), REDUCE[op.agg], accumulator(op)
     positions = list(itertools.product(*(range(n) for n in op.join_shape[op.out_rank :])))
     keep = (slice(None),) * op.out_rank
 
@@ -268,8 +300,12 @@ def _small_reduce(op: Einsummable) -> Kernel:
         views = [_align(a, idx, op.join_shape) for a, idx in zip(arrays, op.inputs, strict=True)]
         out = None
         for at in positions:
-            term = fn(*(v[keep + _at(at, v.shape[op.out_rank :])] for v in views), variables=variables)
-            out = term if out is None else combine(out, term, out=out)  # every term has one shape
+            term = fn(*(v[keep + _at(at, v.shape[op.out_rank :])] for v in views),
+                      variables=variables, wide=True)
+            if out is None:
+                out = term if acc is None else np.asarray(term, dtype=acc)
+            else:
+                combine(out, term, out=out)  # every term has one shape
         return out
 
     return body
@@ -286,94 +322,6 @@ def _inner_size(op: Einsummable) -> int:
     n = 1
     for i in set(ia) & set(ib) - set(range(op.out_rank)):
         n *= op.join_shape[i]
-    return n
-
-
-def _contraction(op: Einsummable) -> Kernel:
-    """A pairwise contraction as one batched GEMM; its index bookkeeping is done here, once."""
-    (ia, ib) = op.inputs
-    sa, sb, out = set(ia), set(ib), set(range(op.out_rank))
-    # indices summed inside one operand alone are reduced before the GEMM
-    lone_a = tuple(k for k, i in enumerate(ia) if i not in sb | out)
-    lone_b = tuple(k for k, i in enumerate(ib) if i not in sa | out)
-    ia, ib = tuple(i for i in ia if i in sb | out), tuple(i for i in ib if i in sa | out)
-    sa, sb = set(ia), set(ib)
-    batch = [i for i in range(op.out_rank) if i in sa and i in sb]
-    left = [i for i in range(op.out_rank) if i in sa and i not in sb]
-    right = [i for i in range(op.out_rank) if i in sb and i not in sa]
-    # (B A) rather than (A B) lands the GEMM's rows and columns in output order
-    swap = bool(left and right and right[0] < left[0])
-    if swap:
-        ia, ib, sa, sb, left, right = ib, ia, sb, sa, right, left
-    inner = [i for i in ia if i in sb and i not in out]
-    if not _sorted(batch + left + right):
-        # the result is transposed anyway: take rows and columns in their operands' memory order
-        left, right = [i for i in ia if i in left], [i for i in ib if i in right]
-    size = op.join_shape
-    order = batch + left + right
-    grid = [size[i] for i in order]
-    present = [i for i in range(op.out_rank) if i in order]
-    perm = [order.index(i) for i in present]
-    transpose = not _sorted(perm)
-    shape = [size[i] if i in order else 1 for i in range(op.out_rank)]
-    as_a = _matrices(ia, batch, left, inner, size)
-    as_b = _matrices(ib, batch, inner, right, size)
-
-    def body(arrays, variables):
-        a, b = _upcast(arrays)
-        if lone_a:
-            a = a.sum(axis=lone_a)
-        if lone_b:
-            b = b.sum(axis=lone_b)
-        if swap:
-            a, b = b, a
-        c = np.matmul(as_a(a), as_b(b)).reshape(grid)
-        if transpose:
-            c = np.ascontiguousarray(c.transpose(perm))  # elementwise kernels downstream read it row-major
-        return c.reshape(shape)
-
-    return body
-
-
-def _sorted(xs: list[int]) -> bool:
-    return all(x < y for x, y in itertools.pairwise(xs))
-
-
-def _matrices(idx: tuple[int, ...], batch: list[int], rows: list[int], cols: list[int],
-              size: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
-    """An operand as a stack of rows x cols matrices, [*batch, R, C], for ``np.matmul``.
-
-    A view where the layout allows: batch axes keep any strides, and BLAS reads a
-    matrix stored either way round, so only an operand whose rows or columns are
-    split apart in memory is copied.
-    """
-    lead, perm = [size[i] for i in batch], [idx.index(i) for i in batch + rows + cols]
-    shape = (*lead, _prod(size, rows), _prod(size, cols))
-
-    def matrices(x: np.ndarray) -> np.ndarray:
-        try:
-            view = np.reshape(x.transpose(perm), shape, copy=False)
-            if _blas_ready(view):
-                return view
-        except ValueError:
-            pass
-        return np.ascontiguousarray(x.transpose(perm)).reshape(shape)
-
-    return matrices
-
-
-def _blas_ready(m: np.ndarray) -> bool:
-    """Whether numpy's matmul hands these matrices to BLAS as they are (one unit-stride axis)."""
-    item = m.itemsize
-    (rs, cs), (r, c) = m.strides[-2:], m.shape[-2:]
-    row_major = cs == item and rs % item == 0 and rs >= c * item
-    return row_major or (rs == item and cs % item == 0 and cs >= r * item)
-
-
-def _prod(size: tuple[int, ...], idx: list[int]) -> int:
-    n = 1
-    for i in idx:
-        n *= size[i]
     return n
 
 
@@ -405,10 +353,10 @@ def _gather(op: Einsummable, arrays: Sequence[np.ndarray], a: int, b: int, c: in
     mask = np.broadcast_to(mask, [op.join_shape[i] if i in m_idx else 1 for i in range(rank)])
     coords = dict(zip(m_idx, np.nonzero(mask.reshape([op.join_shape[i] for i in m_idx])), strict=True))
     c_idx = op.inputs[c]
-    xc = arrays[c]
+    xc, acc = arrays[c], accumulator(op)
     summed = tuple(k for k, i in enumerate(c_idx) if i not in outs and i not in coords)
     if summed:
-        xc = xc.sum(axis=summed)
+        xc = xc.sum(axis=summed, dtype=acc)
         c_idx = tuple(i for i in c_idx if i in outs or i in coords)
     fixed_c = [i for i in c_idx if i in coords]
     free = [i for i in c_idx if i not in coords]
@@ -418,10 +366,10 @@ def _gather(op: Einsummable, arrays: Sequence[np.ndarray], a: int, b: int, c: in
         gathered = np.broadcast_to(gathered, (len(next(iter(coords.values()))), *gathered.shape))
     fixed_out = [i for i in range(op.out_rank) if i in coords]
     if fixed_out:
-        target = np.zeros([op.join_shape[i] for i in fixed_out + free], dtype=gathered.dtype)
+        target = np.zeros([op.join_shape[i] for i in fixed_out + free], dtype=acc or gathered.dtype)
         np.add.at(target, tuple(coords[i] for i in fixed_out), gathered)
     else:
-        target = gathered.sum(axis=0)
+        target = gathered.sum(axis=0, dtype=acc)
     present = fixed_out + free
     target = target.transpose([present.index(i) for i in sorted(present)])
     return target.reshape([op.join_shape[i] if i in present else 1 for i in range(op.out_rank)])

@@ -9,7 +9,9 @@ count of pending readers, so a block is freed right after its last use.
 Policy: a task runs on the worker its plan placed it on; the engine never re-plans.
 With ``workers=1`` the loop runs inline in the caller's thread (the sequential
 oracle); otherwise one thread per worker. An exception in a task stops every
-worker promptly and is re-raised as ``EngineError`` naming the task.
+worker promptly and is re-raised as ``EngineError`` naming the task. An interrupt
+in the caller (Ctrl-C) stops them too: no task starts after it, and it reaches the
+caller once the tasks under way have finished, with no worker left running.
 
     values = run([(), (0,), (0, 1)], lambda i, args: sum(args) + 1, location=[0, 1, 0],
                  workers=2, keep={2})          # {2: 3}
@@ -90,36 +92,53 @@ def run(
                 for c in state.wake:
                     c.notify()
 
-    def worker(w: int) -> None:
+    def work(w: int) -> None:
         while True:
             with state.lock:
-                while not state.ready[w] and state.error is None and state.done < n:
+                while not state.ready[w] and not state.stopped and state.done < n:
                     state.wake[w].wait()
-                if state.error is not None or (state.done >= n and not state.ready[w]):
+                if state.stopped or (state.done >= n and not state.ready[w]):
                     return
                 _, i = heapq.heappop(state.ready[w])
                 args = [values[j] for j in inputs[i]]
             try:
                 value = execute(i, args)
             except BaseException as err:  # stop everyone, report this task
-                with state.lock:
-                    if state.error is None:
-                        state.error = (i, err)
-                    for c in state.wake:
-                        c.notify()
+                state.stop((i, err))
                 return
             finish(i, value)
             if on_done is not None:
                 on_done(i)
 
+    def worker(w: int) -> None:
+        try:
+            work(w)
+        finally:
+            state.exited[w].set()
+
     threads = [threading.Thread(target=worker, args=(w,), daemon=True, name=f"einsummable-{w}")
                for w in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    # Wait on events, not Thread.join: an interrupted join marks a live thread as finished
+    # (Python 3.11, bpo-45274's fix), and a second join would then return at once.
+    try:
+        for t in threads:
+            t.start()
+        for e in state.exited:
+            e.wait()
+    except BaseException:  # KeyboardInterrupt: no new task starts; wait out those under way
+        state.stop()
+        for t, e in zip(threads, state.exited, strict=True):
+            if t.ident is not None:  # started (one that starts later finds the stop flag)
+                e.wait()
+        raise
+    finally:
+        for t in threads:
+            if t.ident is not None:
+                t.join()
     if state.error is not None:
         i, err = state.error
+        if not isinstance(err, Exception):  # a KeyboardInterrupt or SystemExit inside a task
+            raise err
         raise EngineError(f"task {i} ({describe(i)}) failed: {type(err).__name__}: {err}") from err
     return {i: values[i] for i in keep}
 
@@ -130,7 +149,18 @@ class _Shared:
         self.wake = [threading.Condition(self.lock) for _ in range(workers)]
         self.ready: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
         self.done = 0
+        self.stopped = False
+        self.exited = [threading.Event() for _ in range(workers)]
         self.error: tuple[int, BaseException] | None = None
+
+    def stop(self, error: tuple[int, BaseException] | None = None) -> None:
+        """Start no more tasks; remember the first failure."""
+        with self.lock:
+            self.stopped = True
+            if self.error is None:
+                self.error = error
+            for c in self.wake:
+                c.notify()
 
 
 def run_in_order(

@@ -262,6 +262,19 @@ def _check_dtype(dtype: str, what: str) -> None:
         raise DtypeError(f"{what} has dtype {dtype!r}; expected one of {DTYPES}")
 
 
+@dataclass(frozen=True)
+class ClassIds:
+    """Input ``input`` holds, within ``box``, class ids: integers in [0, classes).
+
+    Class ids are data, so this is checked when the input is fed (engines/feeds.py).
+    """
+
+    input: str
+    box: Box
+    classes: int
+    use: str  # what reads them, for the error message: "cross_entropy targets", "token ids"
+
+
 # ------------------------------------------------------------ the graph
 
 
@@ -271,6 +284,7 @@ class EinGraph:
     def __init__(self) -> None:
         self.nodes: list[Node] = []
         self.outputs: dict[str, int] = {}
+        self.class_ids: list[ClassIds] = []
 
     def add(self, node: Node) -> int:
         self._check_node(len(self.nodes), node)
@@ -302,6 +316,14 @@ class EinGraph:
         if name in self.outputs and self.outputs[name] != nid:
             raise GraphError(f"output name {name!r} is already used")
         self.outputs[name] = nid
+
+    def add_class_ids(self, ids: ClassIds) -> None:
+        node = self.nodes[self.input_ids()[ids.input]]
+        if len(ids.box) != len(node.shape) or any(not 0 <= lo < hi <= n for (lo, hi), n in
+                                                  zip(ids.box, node.shape, strict=True)):
+            raise GraphError(f"class-id box {ids.box} is outside input {ids.input!r} of shape {node.shape}")
+        if ids not in self.class_ids:
+            self.class_ids.append(ids)
 
     def validate(self) -> None:
         """Re-check every node; on failure say which node and show its neighbours."""

@@ -5,7 +5,9 @@ which assembles the box a block reads from the producer's blocks:
 - a producer block that is exactly the box and already there is used as is;
 - remote pieces move once per (block, sub-box, destination) and are shared;
 - partial sums are first combined where they live (one partial per location),
-  then moved, then combined at the destination;
+  then moved, then combined at the destination; half-precision (f16, bf16) partial
+  sums and products stay in f32 until the block that forms them rounds once (a
+  cast task), so 1 and n workers round alike;
 - fills are rebuilt at the destination instead of moving.
 Tasks that no output needs are pruned at the end.
 """
@@ -16,6 +18,9 @@ from collections import defaultdict
 from dataclasses import replace
 
 from einsummable.ir.box import Box, box_shape, shift, whole
+from einsummable.ir.compiled import HALF
+from einsummable.ir.einsummable import Einsummable
+from einsummable.ir.expr import Cast, Input
 from einsummable.ir.graph import (
     ComplexView,
     Constant,
@@ -83,6 +88,7 @@ class _Lowering:
             return self.add(ConstantTask(node.kind, box, node.dtype, w))
         part, held = self.outs[u]
         agg = node.op.agg if isinstance(node, EinsumNode) else None
+        kept = self.tasks[held[0][0][0]].dtype if held and held[0] else node.dtype  # f32 for wide partials
         pieces: list[tuple[int, Box, Box]] = []  # (task, its sub-box, target box in ours)
         for q, inter in part.overlapping(box):
             origin = [lo for lo, _ in part.box(q)]
@@ -95,22 +101,25 @@ class _Lowering:
                     t, s = ts[0], sub
                 else:  # combine the partial sums that live together before any move
                     t = self.partial(
-                        ts, [sub] * len(ts), [(0,) * len(sub)] * len(ts), box_shape(sub), node.dtype, agg, loc
+                        ts, [sub] * len(ts), [(0,) * len(sub)] * len(ts), box_shape(sub), kept, agg, loc
                     )
                     s = tuple((0, hi - lo) for lo, hi in sub)
                 if loc != w:
-                    t = self.add(MoveTask((t,), s, loc, w, node.dtype))
+                    t = self.add(MoveTask((t,), s, loc, w, kept))
                     s = tuple((0, hi - lo) for lo, hi in s)
                 pieces.append((t, s, shift(inter, [lo for lo, _ in box])))
         shape = box_shape(box)
-        if len(pieces) == 1:
-            t, s, _ = pieces[0]
-            if s == whole(self.tasks[t].shape) and box_shape(s) == shape:
-                return t
-        ts = [t for t, _, _ in pieces]
-        srcs = [s for _, s, _ in pieces]
-        dsts = [tuple(lo for lo, _ in d) for _, _, d in pieces]
-        return self.partial(ts, srcs, dsts, shape, node.dtype, agg, w)
+        t, s, _ = pieces[0] if pieces else (None, None, None)
+        if not (len(pieces) == 1 and s == whole(self.tasks[t].shape) and box_shape(s) == shape):
+            ts = [t for t, _, _ in pieces]
+            srcs = [s for _, s, _ in pieces]
+            dsts = [tuple(lo for lo, _ in d) for _, _, d in pieces]
+            t = self.partial(ts, srcs, dsts, shape, kept, agg, w)
+        if kept != node.dtype:  # the formed block: the wide partial sum rounds, once
+            every = tuple(range(len(shape)))
+            rounding = Einsummable(shape, (every,), len(shape), Cast(node.dtype, Input(0)), None, (kept,))
+            t = self.add(ApplyTask(rounding, (t,), w, u))
+        return t
 
     def partial(self, ts, srcs, dsts, shape, dtype: str, agg: str | None, loc: int, pad: float = 0.0) -> int:
         """A partial of the given pieces; with none (an empty or all-padding block), a constant."""
@@ -152,11 +161,14 @@ def _einsum(lw: _Lowering, nid: int) -> None:
     out = lw.plan.out_partition(nid)
     held: list[list[Located]] = [[] for _ in range(out.num_blocks)]
     part = lw.plan.parts[nid]
+    op = node.op
+    if part.num_blocks > out.num_blocks and op.dtype in HALF and op.agg in ("add", "mul"):
+        op = replace(op, join=Cast("f32", op.join))  # partial sums: kept in f32 until formed
     for b, (box, w) in enumerate(lw.blocks(nid)):
         args = tuple(
             lw.fetch(u, sp.operand_box(k, box, lw.g.nodes[u].shape), w) for k, u in enumerate(node.inputs)
         )
-        t = lw.add(ApplyTask(node.op.block(box_shape(box)), args, w, nid))
+        t = lw.add(ApplyTask(op.block(box_shape(box)), args, w, nid))
         idx = part.block_index(b)
         held[out.flat([idx[d] for d in sp.out_dims])].append((t, w))
     lw.outs[nid] = (out, held)

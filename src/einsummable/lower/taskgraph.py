@@ -31,33 +31,35 @@ from einsummable.ir.graph import FillKind, Piece
 Shape = tuple[int, ...]
 
 
+class _Boxed:
+    """A task whose block is the ``box`` it names: its shape is the box's."""
+
+    box: Box
+
+    @property
+    def shape(self) -> Shape:
+        return box_shape(self.box)
+
+
 @dataclass(frozen=True)
-class InputTask:
+class InputTask(_Boxed):
     name: str
     box: Box
     dtype: str
     loc: int
     inputs: tuple[int, ...] = ()
 
-    @property
-    def shape(self) -> Shape:
-        return box_shape(self.box)
-
     def describe(self) -> str:
         return f"input {self.name!r}{fmt_box(self.box)}"
 
 
 @dataclass(frozen=True)
-class ConstantTask:
+class ConstantTask(_Boxed):
     kind: FillKind
     box: Box
     dtype: str
     loc: int
     inputs: tuple[int, ...] = ()
-
-    @property
-    def shape(self) -> Shape:
-        return box_shape(self.box)
 
     def describe(self) -> str:
         return f"constant[{self.kind}]{fmt_box(self.box)}"
@@ -81,16 +83,12 @@ class ApplyTask:
 
 
 @dataclass(frozen=True)
-class MoveTask:
+class MoveTask(_Boxed):
     inputs: tuple[int]
     box: Box
     src: int
     loc: int
     dtype: str
-
-    @property
-    def shape(self) -> Shape:
-        return box_shape(self.box)
 
     def describe(self) -> str:
         return f"move{fmt_box(self.box)} from {self.src}"

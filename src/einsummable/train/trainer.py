@@ -5,27 +5,36 @@ accumulation, a micro-step program returns gradients that the host sums, and an
 update program applies them: its objective is <g, w>, whose gradient is exactly
 the accumulated g, so clipping and AdamW are the optimizer's own. Batches are a
 pure function of (seed, step), so a resumed run sees the same data it would have.
+
+A checkpoint (``save``) replaces its directory whole, trainer.json last with a
+manifest of the other files; ``resume`` checks the manifest, the optimizer's step
+and the data before it trains on (see checkpoint.py and models/atomic.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
+import warnings
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
-from einsummable.autodiff import grad
 from einsummable.autodiff.remat import rematerialize
 from einsummable.compile import compile
+from einsummable.engines.feeds import check_class_ids
+from einsummable.errors import CheckpointError, EinsummableError
 from einsummable.frontend.core import Graph
 from einsummable.frontend.einsum import einsum
 from einsummable.ir.dtypes import to_numpy
-from einsummable.models import llama, safetensors_io, weights
-from einsummable.models.llama import LlamaConfig
-from einsummable.models.safetensors_io import CheckpointError
-from einsummable.train.optim import TrainStep, adamw
+from einsummable.models import atomic
+from einsummable.models.llama import model as llama
+from einsummable.models.llama import safetensors_io, weights
+from einsummable.models.llama.data import load_data
+from einsummable.models.llama.model import LlamaConfig
+from einsummable.train import checkpoint
+from einsummable.train.grads import grad_name, output_gradients
+from einsummable.train.optim import STEP, TrainStep, adamw
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,41 @@ class TrainConfig:
     accum: int = 1
     seed: int = 0
     remat: bool = False  # recompute each layer's activations in the backward, from its input
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not _SETTING[f.type](value) or (f.name in _AT_LEAST and value < _AT_LEAST[f.name]):
+                least = f" >= {_AT_LEAST[f.name]}" if f.name in _AT_LEAST else ""
+                raise EinsummableError(f"training setting {f.name!r} must be {f.type}{least}, got {value!r}")
+
+    @classmethod
+    def from_dict(cls, values: object, where: str,
+                  error: type[EinsummableError] = EinsummableError) -> TrainConfig:
+        """Settings read from a file; an error names ``where`` and the setting."""
+        if not isinstance(values, dict):
+            raise error(f"{where}: expected an object of training settings, got {values!r}")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(names))
+        if unknown:
+            raise error(f"{where}: unknown training setting {unknown[0]!r}; known: {names}")
+        try:
+            return cls(**values)
+        except EinsummableError as err:
+            raise error(f"{where}: {err}") from None
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+_SETTING = {"int": _is_int, "float": _is_real, "float | None": lambda x: x is None or _is_real(x),
+            "bool": lambda x: isinstance(x, bool)}
+_AT_LEAST = {"batch": 1, "seq": 1, "steps": 1, "accum": 1, "warmup": 0, "seed": 0}
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -62,31 +106,22 @@ def batch_at(data: np.ndarray, cfg: TrainConfig, step: int, micro: int = 0) -> n
     return np.stack([data[s : s + cfg.seq + 1] for s in starts]).astype(np.float32)
 
 
-def init_params(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """Normal(0, 0.02) weights and unit norms, as Hugging Face initialises Llama."""
-    rng = np.random.default_rng(seed)
-    params = {}
-    for name, shape in cfg.parameter_shapes().items():
-        if name.endswith("norm.weight"):
-            params[name] = np.ones(shape, np.float32)
-        else:
-            params[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
-    return params
-
-
 class Trainer:
     def __init__(self, model: LlamaConfig, params: dict[str, np.ndarray], cfg: TrainConfig,
                  data: np.ndarray, *, engine: str | None = None, workers: int | None = None,
-                 opt_state: dict[str, np.ndarray] | None = None, step: int = 0) -> None:
+                 opt_state: dict[str, np.ndarray] | None = None, step: int = 0,
+                 data_source: str | None = None) -> None:
+        """``data_source`` (a path, or ``BUNDLED``) is saved so that a resume can find the data."""
+        check_class_ids("the training data", np.asarray(data), model.vocab_size, "token ids")
         self.model, self.cfg, self.data, self.step = model, cfg, data, step
+        self.data_record = checkpoint.data_record(data, data_source)
         options = {"engine": engine, "workers": workers}
         residuals: list = []
         g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, residuals=residuals)
         if cfg.accum == 1:
             self.update = self._optimizer(g, p, loss)
         else:
-            for name, d in zip(p, grad(loss, list(p.values())), strict=True):
-                g.output("grad:" + name, d)
+            output_gradients(g, loss, p)
             g.output("loss", loss)
             self.micro = compile(self._remat(g, loss, residuals), **options)
             u = Graph()
@@ -94,7 +129,7 @@ class Trainer:
             objective = None
             for name, w in up.items():
                 letters = "abcdefgh"[: w.ndim]
-                term = einsum(f"{letters},{letters}->", u.input("grad:" + name, w.shape, w.dtype), w)
+                term = einsum(f"{letters},{letters}->", u.input(grad_name(name), w.shape, w.dtype), w)
                 objective = term if objective is None else objective + term
             self.update = self._optimizer(u, up, objective)
         graph = self._remat(g, loss, residuals) if cfg.accum == 1 else self.update_graph
@@ -150,9 +185,9 @@ class Trainer:
                 out = self.micro.run(params | {"tokens": tokens})
                 total += float(out["loss"])
                 for name in self.update.params:
-                    d = out["grad:" + name] / self.cfg.accum
+                    d = out[grad_name(name)] / self.cfg.accum
                     grads[name] = grads[name] + d if name in grads else d
-            self.session.run({"grad:" + n: d for n, d in grads.items()} | {"lr": lr}, fetch=[])
+            self.session.run({grad_name(n): d for n, d in grads.items()} | {"lr": lr}, fetch=[])
             loss = total / self.cfg.accum
         self.step += 1
         self.losses.append(loss)
@@ -161,25 +196,65 @@ class Trainer:
     # ------------------------------------------------------------ checkpoints
 
     def save(self, directory: str | Path) -> None:
-        """Weights in the Hugging Face layout, optimizer state, and where the run stands."""
-        directory = Path(directory)
+        """Weights in the Hugging Face layout, optimizer state, and where the run stands.
+
+        The directory is replaced whole: a crash leaves the previous checkpoint.
+        """
         everything = self.state
-        weights.save(directory, self.model, {name: everything[name] for name in self.update.params})
-        state = {s.name: everything[s.name] for s in self.update.state}
-        safetensors_io.save(state, directory / "optimizer.safetensors")
-        meta = {"step": self.step, "train": asdict(self.cfg), "losses": self.losses}
-        (directory / "trainer.json").write_text(json.dumps(meta, indent=2))
+        with atomic.replacing(directory) as fresh:
+            weights.write(fresh, self.model, {name: everything[name] for name in self.update.params})
+            state = {s.name: everything[s.name] for s in self.update.state}
+            safetensors_io.save(state, fresh / "optimizer.safetensors")
+            checkpoint.write(fresh, self.step, asdict(self.cfg), self.losses, self.data_record)
 
     @classmethod
-    def resume(cls, directory: str | Path, data: np.ndarray, **options) -> Trainer:
+    def resume(cls, directory: str | Path, data: np.ndarray | None = None, *, data_source: str | None = None,
+               steps: int | None = None, **options) -> Trainer:
+        """Continue a saved run, on ``data`` or, if None, on the data it was saved with.
+
+        ``steps`` moves the end of the run (and of the cosine schedule) to that step.
+        Different data than the checkpoint's gives a warning; data read back from
+        the recorded file must be unchanged.
+        """
         directory = Path(directory)
-        meta_path = directory / "trainer.json"
-        if not meta_path.exists():
-            raise CheckpointError(f"{directory}: no trainer.json; is this a training checkpoint?")
-        meta = json.loads(meta_path.read_text())
+        meta = checkpoint.read(directory)
+        where = directory / checkpoint.META
+        cfg = TrainConfig.from_dict(meta["train"], f"{where}: train", CheckpointError)
+        if steps is not None:
+            if steps <= meta["step"]:
+                raise CheckpointError(f"{directory} is at step {meta['step']}; cannot train up to {steps}")
+            cfg = replace(cfg, steps=steps)
+        data, data_source = _resume_data(where, meta["data"], data, data_source)
         model, params = weights.load(directory)
-        cfg = TrainConfig(**meta["train"])
         opt_state = safetensors_io.load(directory / "optimizer.safetensors")
-        trainer = cls(model, params, cfg, data, opt_state=opt_state, step=meta["step"], **options)
-        trainer.losses = list(meta.get("losses", []))
+        saved = opt_state.get(STEP)
+        if saved is not None and saved.shape == () and float(saved) != meta["step"]:
+            raise CheckpointError(f"{directory / 'optimizer.safetensors'} is at step {float(saved):g} but "
+                                  f"{where} says {meta['step']}: the files come from different saves")
+        trainer = cls(model, params, cfg, data, opt_state=opt_state, step=meta["step"],
+                      data_source=data_source, **options)
+        trainer.losses = list(meta["losses"])
         return trainer
+
+
+def _resume_data(where: Path, recorded: dict, data: np.ndarray | None,
+                 source: str | None) -> tuple[np.ndarray, str | None]:
+    """The data to resume on: the given array (with a warning if it differs), or the recorded file."""
+    if data is not None:
+        if checkpoint.data_digest(data) == recorded["sha256"]:
+            return data, source or recorded["source"]
+        warnings.warn(f"resuming on different data ({source or 'an array'}, {len(data)} tokens) than the "
+                      f"checkpoint trained on ({recorded['source'] or 'an array'}, {recorded['tokens']} "
+                      "tokens)", stacklevel=3)
+        return data, source
+    if recorded["source"] is None:
+        raise CheckpointError(f"{where}: the run trained on an array given in Python, not a file; "
+                              "pass the data to resume on")
+    data = load_data(recorded["source"])
+    if checkpoint.data_digest(data) != recorded["sha256"]:
+        raise CheckpointError(
+            f"the training data {recorded['source']} has changed since the checkpoint ({len(data)} tokens "
+            f"now, {recorded['tokens']} then; the hashes differ); pass it explicitly (--data) to train on "
+            "it as it is"
+        )
+    return data, recorded["source"]

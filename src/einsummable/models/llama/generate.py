@@ -18,8 +18,8 @@ import numpy as np
 from einsummable.compile import Program, compile
 from einsummable.errors import EinsummableError
 from einsummable.frontend.core import Graph
-from einsummable.models import llama
-from einsummable.models.llama import LlamaConfig
+from einsummable.models.llama import model as llama
+from einsummable.models.llama.model import LlamaConfig
 
 NEG_INF = -np.inf
 

@@ -13,78 +13,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, fields
+import string
+
+import numpy as np
 
 import einsummable as es
 from einsummable import Graph, Tensor, einsum, nn
-
-
-@dataclass(frozen=True)
-class LlamaConfig:
-    vocab_size: int = 256
-    hidden_size: int = 64
-    intermediate_size: int = 172
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int | None = None
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    tie_word_embeddings: bool = False
-    max_position_embeddings: int = 2048
-
-    def __post_init__(self) -> None:
-        if self.head_dim is None:
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise es.ShapeError(
-                f"num_attention_heads {self.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads {self.num_key_value_heads}"
-            )
-        if self.head_dim % 2:
-            raise es.ShapeError(f"head_dim {self.head_dim} must be even for RoPE")
-
-    @property
-    def groups(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @staticmethod
-    def from_hf(config: dict) -> LlamaConfig:
-        names = {f.name for f in fields(LlamaConfig)}
-        kwargs = {k: v for k, v in config.items() if k in names}
-        rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-        if "rope_theta" not in kwargs and "rope_theta" in rope:
-            kwargs["rope_theta"] = rope["rope_theta"]
-        return LlamaConfig(**kwargs)
-
-    def to_hf(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu",
-                   attention_bias=False, mlp_bias=False)
-        return out
-
-    def parameter_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Every parameter in our layout, under its Hugging Face name."""
-        g, r, j, d = self.num_key_value_heads, self.groups, self.head_dim // 2, self.hidden_size
-        k, f, v = self.head_dim, self.intermediate_size, self.vocab_size
-        shapes = {"model.embed_tokens.weight": (v, d), "model.norm.weight": (d,)}
-        for i in range(self.num_hidden_layers):
-            p = f"model.layers.{i}."
-            shapes |= {
-                p + "input_layernorm.weight": (d,),
-                p + "self_attn.q_proj.weight": (g, r, 2, j, d),
-                p + "self_attn.k_proj.weight": (g, 2, j, d),
-                p + "self_attn.v_proj.weight": (g, k, d),
-                p + "self_attn.o_proj.weight": (d, g, r, k),
-                p + "post_attention_layernorm.weight": (d,),
-                p + "mlp.gate_proj.weight": (f, d),
-                p + "mlp.up_proj.weight": (f, d),
-                p + "mlp.down_proj.weight": (d, f),
-            }
-        if not self.tie_word_embeddings:
-            shapes["lm_head.weight"] = (v, d)
-        return shapes
-
+from einsummable.frontend.class_ids import mark_class_ids
+from einsummable.models.llama.config import LlamaConfig
 
 PRESETS = {
     "tiny": LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -108,6 +44,7 @@ def embed(ids: Tensor, table: Tensor) -> Tensor:
 
     ``ids`` holds token ids as floats; the kernels run this join as a gather.
     """
+    mark_class_ids(ids, table.shape[0], "token ids")  # an id out of the vocabulary would embed as zeros
     vocab = ids.graph.ramp((table.shape[0],), steps=(1.0,), dtype=ids.dtype)
     return einsum("bs,v,vd->bsd", ids, vocab, table, join="where(x0 == x1, x2, 0)", agg="add")
 
@@ -118,13 +55,35 @@ def rope_rotation(pos: Tensor, cfg: LlamaConfig, scale: float = 1.0) -> Tensor:
     out[c] = sum_c' R[c, c'] x[c'], R = cos * I + sin * J, with J[c, c'] = c - c'.
     """
     g = pos.graph
-    half = cfg.head_dim // 2
-    freq = g.ramp((half,), steps=(1.0,), dtype=pos.dtype)
-    inv_freq = es.elementwise(f"exp(x0 * {-2.0 * math.log(cfg.rope_theta) / cfg.head_dim!r})", freq)
+    freq = g.ramp((cfg.head_dim // 2,), steps=(1.0,), dtype=pos.dtype)
+    inv_freq = es.elementwise(inverse_frequency(cfg), freq)
     angle = einsum("bs,j->bsj", pos, inv_freq)                                   # [b, s, j]
     sign = g.ramp((2, 2), steps=(1.0, -1.0), dtype=pos.dtype)                    # J = c - c'
     return einsum("bsj,ce->bsjce", angle, sign,
                   join=f"(cos(x0) * (1 - abs(x1)) + sin(x0) * x1) * {scale!r}")
+
+
+def inverse_frequency(cfg: LlamaConfig) -> str:
+    """theta^(-2j/k) for frequency j (x0), as a join, scaled as ``cfg.rope_scaling`` says.
+
+    ``llama3`` (transformers' ``_compute_llama3_parameters``) divides by ``factor`` the
+    frequencies whose wavelength 2 pi / f exceeds old / low_freq_factor, keeps those
+    whose wavelength is below old / high_freq_factor, and in between blends
+    (1 - s) f / factor + s f with s = (old / wavelength - low) / (high - low).
+    """
+    f = f"exp(x0 * {-2.0 * math.log(cfg.rope_theta) / cfg.head_dim!r})"
+    rs = cfg.rope_scaling
+    if rs is None:
+        return f
+    if rs.rope_type == "linear":
+        return f"{f} / {float(rs.factor)!r}"
+    old, low, high, factor = (float(rs.original_max_position_embeddings), float(rs.low_freq_factor),
+                              float(rs.high_freq_factor), float(rs.factor))
+    s = f"(({old / (2 * math.pi)!r} * {f} - {low!r}) / {high - low!r})"
+    blend = f"(1 - {s}) * {f} / {factor!r} + {s} * {f}"
+    # wavelength > old / low  <=>  f < 2 pi low / old; wavelength < old / high  <=>  f > 2 pi high / old
+    return (f"where({f} < {2 * math.pi * low / old!r}, {f} / {factor!r}, "
+            f"where({f} > {2 * math.pi * high / old!r}, {f}, {blend}))")
 
 
 def causal_mask(g: Graph, seq: int, dtype: str = "f32", keys: int | None = None, offset: int = 0) -> Tensor:
@@ -168,25 +127,36 @@ def attention(x: Tensor, p: dict[str, Tensor], prefix: str, rot_q: Tensor, rot_k
 
     ``mask`` None means causal, over these positions alone (no cache).
     """
-    q = einsum("bsd,grcjd->bsgrcj", x, p[prefix + "q_proj.weight"])
+    q = add_bias(einsum("bsd,grcjd->bsgrcj", x, p[prefix + "q_proj.weight"]), p.get(prefix + "q_proj.bias"))
     q = einsum("bsgrej,bsjce->bsgrcj", q, rot_q)                    # RoPE, scaled by 1/sqrt(k)
-    k_new = einsum("bsd,gcjd->bsgcj", x, p[prefix + "k_proj.weight"])
+    k_new = add_bias(einsum("bsd,gcjd->bsgcj", x, p[prefix + "k_proj.weight"]), p.get(prefix + "k_proj.bias"))
     k_new = einsum("bsgej,bsjce->bsgcj", k_new, rot_k)
-    v_new = einsum("bsd,gkd->bsgk", x, p[prefix + "v_proj.weight"])
+    v_new = add_bias(einsum("bsd,gkd->bsgk", x, p[prefix + "v_proj.weight"]), p.get(prefix + "v_proj.bias"))
     keys, values = k_new, v_new
     if cache is not None:
         keys = es.concat([cache[0], k_new], axis=1)                   # [b, t, g, c, j]
         values = es.concat([cache[1], v_new], axis=1)                 # [b, t, g, k]
     out = causal_attend(q, keys, values) if mask is None else attend(q, keys, values, mask)
-    return einsum("bqgrk,dgrk->bqd", out, p[prefix + "o_proj.weight"]), k_new, v_new
+    out = einsum("bqgrk,dgrk->bqd", out, p[prefix + "o_proj.weight"])
+    return add_bias(out, p.get(prefix + "o_proj.bias")), k_new, v_new
 
 
 def mlp(x: Tensor, p: dict[str, Tensor], prefix: str) -> Tensor:
     """SwiGLU: down(silu(gate(x)) * up(x))."""
     gate = einsum("bsd,fd->bsf", x, p[prefix + "gate_proj.weight"])
     up = einsum("bsd,fd->bsf", x, p[prefix + "up_proj.weight"])
+    gate, up = add_bias(gate, p.get(prefix + "gate_proj.bias")), add_bias(up, p.get(prefix + "up_proj.bias"))
     act = einsum("bsf,bsf->bsf", gate, up, join="silu(x0) * x1")
-    return einsum("bsf,df->bsd", act, p[prefix + "down_proj.weight"])
+    down = einsum("bsf,df->bsd", act, p[prefix + "down_proj.weight"])
+    return add_bias(down, p.get(prefix + "down_proj.bias"))
+
+
+def add_bias(x: Tensor, bias: Tensor | None) -> Tensor:
+    """x plus a bias over its trailing dims; x itself where the config has no bias."""
+    if bias is None:
+        return x
+    full = string.ascii_lowercase[: x.ndim]
+    return einsum(f"{full},{full[x.ndim - bias.ndim :]}->{full}", x, bias, join="x0 + x1")
 
 
 def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor | None,
@@ -245,3 +215,15 @@ def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
     logits = forward(cfg, p, ids, pos, None, residuals)
     loss = nn.cross_entropy(logits.astype("f32") if dtype != "f32" else logits, targets)
     return g, p, loss
+
+
+def init_params(cfg: LlamaConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """Normal(0, 0.02) weights and unit norms, as Hugging Face initialises Llama."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for name, shape in cfg.parameter_shapes().items():
+        if name.endswith("norm.weight"):
+            params[name] = np.ones(shape, np.float32)
+        else:
+            params[name] = (0.02 * rng.standard_normal(shape)).astype(np.float32)
+    return params
