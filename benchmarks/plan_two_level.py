@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from dataclasses import replace
 
@@ -53,10 +54,8 @@ def _plan(g, cluster: Cluster, name: str):
     Only EinDecomp across machines changes its plan to fit memory; the others do not."""
     s = make_plan(g, cluster, name, compare=False, check_memory=False).summary
     if not s.fits and name == "eindecomp" and cluster.machines > 1:
-        try:
+        with contextlib.suppress(PlanError):  # nothing fits: keep the first plan and its needs
             s = make_plan(g, cluster, name, compare=False).summary
-        except PlanError:
-            pass
     return s
 
 
