@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--tables", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--machines", type=int, nargs="+", default=[1, 4, 16, 32])
     ap.add_argument("--cores", type=int, default=64)
+    ap.add_argument("--counts", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
+                    help="machine counts tried for table 2")
     args = ap.parse_args()
     if 1 in args.tables or 2 in args.tables:
         g = training_graph(PRESETS["llama-7b"], 8, 2048).ir
@@ -107,7 +109,7 @@ def main() -> None:
     if 1 in args.tables:
         table_fits(g, args.machines, args.cores, 256 * GiB)
     if 2 in args.tables:
-        table_smallest(g, [1, 2, 4, 8, 16, 32], args.cores, 64 * GiB)
+        table_smallest(g, args.counts, args.cores, 64 * GiB)
     if 3 in args.tables:
         table_simulated(layers=2, hidden=512, batch=4, seq=256, shapes=[(1, 4), (2, 4), (4, 4)])
 
