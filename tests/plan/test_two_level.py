@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import einsummable as es
 from einsummable.engines import reference, sequential
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
@@ -15,7 +16,7 @@ from einsummable.ir.graph import EinsumNode
 from einsummable.lower.lowering import lower
 from einsummable.lower.stats import stats
 from einsummable.lower.taskgraph import InputTask
-from einsummable.plan import figures, twolevel
+from einsummable.plan import figures, memory, twolevel
 from einsummable.plan.cost import CostModel
 from einsummable.plan.plan import build
 from einsummable.plan.planners import PLANNERS, choose, make_plan, partitions
@@ -140,3 +141,18 @@ def test_two_level_plans_of_random_graphs_match_reference(seed, machines, cores,
     got = sequential.run(tg, feeds)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-4, err_msg=name)
+
+
+def test_memory_estimate_of_a_chain_counts_what_is_alive():
+    """x is held all step; exp(x) lives until its reader; so the peak is three copies of x
+    while the last op runs, and a quarter of that per machine when split four ways."""
+    g = es.Graph()
+    x = g.input("x", (1024, 256))
+    g.output("y", es.elementwise("2.0 * x0", es.elementwise("exp(x0)", x)))
+    ir = g.ir
+    sps, live = spaces(ir), ir.live()
+    size = 1024 * 256 * 4
+    whole = memory.estimate(ir, sps, [(1,) * len(sp.shape) for sp in sps], live)
+    assert whole.peak == 3 * size and whole.inputs == size and whole.outputs == size
+    split = memory.estimate(ir, sps, [(4,) + (1,) * (len(sp.shape) - 1) for sp in sps], live)
+    assert split.peak == 3 * size / 4

@@ -38,11 +38,11 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
     machines send ``(k - 1) |out|`` whatever partition their formation takes (a
     reduce-scatter moves no more than a reduce).
 
-    With ``cc`` (the counts within a machine) the bytes are those the lowering moves
-    today: each core fetches its own piece from another machine, so a piece that r
-    cores of a machine read whole crosses r times, and each core's partial sum
-    crosses on its own. Without, a machine receives each piece once, as the
-    hardware model intends (cores share memory)."""
+    Without ``cc`` a machine receives each piece once, as the hardware model intends
+    (its cores share memory). With ``cc`` (the counts within a machine) the bytes are
+    those the lowering moves today: each core fetches its own piece from another
+    machine, so a piece that r cores of a machine read whole crosses r times, and
+    each core's partial sum crosses on its own."""
     nic_in, nic_out = np.zeros(machines), np.zeros(machines)
     at = [model.index(v, c) for v, c in enumerate(cm)]
     spread = [np.arange(math.prod(c)) % machines for c in cm]
@@ -96,7 +96,8 @@ def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Clust
 def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel, cluster: Cluster,
               live: Sequence[bool], memory: Memory, model_bytes: float, within: float) -> Summary:
     """``model``: the level-1 cost model (over the machines)."""
-    nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines, tl.cc)
+    nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines)
+    low_in, low_out = nic_bytes(g, model, tl.cm, live, cluster.machines, tl.cc)
     secs, flops = core_seconds(g, sps, tl, cluster, live)
     busiest = float(max(nic_in.max(), nic_out.max()))
     return Summary(
@@ -110,4 +111,5 @@ def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel,
         network_seconds=busiest / cluster.bandwidth_across,
         memory=memory,
         capacity=cluster.memory_per_machine,
+        nic_bytes_lowered=float(max(low_in.max(), low_out.max())),
     )
