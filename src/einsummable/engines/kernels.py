@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from einsummable.engines import native
 from einsummable.ir import scalar
 from einsummable.ir.box import Box
 from einsummable.ir.dtypes import to_numpy
@@ -135,7 +136,7 @@ def prepare(op: Einsummable) -> Kernel:
     elif _aggregated_size(op) > 0 and (split := _outer_factors(op)) is not None:
         body = _factored(op, *split)
     elif op.agg and 0 < _aggregated_size(op) <= TINY_INNER:  # (an empty sum is the generic path's)
-        body = _small_reduce(op)
+        body = native.kernel(op, _small_reduce(op))
     else:
         fn = compiled(op.join, op.dtypes)
         reduce = REDUCE[op.agg].reduce if op.agg else None
@@ -150,6 +151,8 @@ def prepare(op: Einsummable) -> Kernel:
                      for a, (axes, shape) in zip(arrays, aligned, strict=True)]
             result = fn(*views, variables=variables)
             return (reduce(result, axis=summed) if reduce else result).transpose(back)
+
+        body = native.kernel(op, body)  # the generated C kernel, where the join has one
 
     shape = op.out_shape
 

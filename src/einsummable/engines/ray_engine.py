@@ -54,7 +54,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from threadpoolctl import threadpool_limits
 
-from einsummable.engines import local, scheduler
+from einsummable.engines import local, native, scheduler
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.errors import EngineError
 from einsummable.ir.box import Box, intersect, slices, within
@@ -159,6 +159,7 @@ class _Part:
                 step = local.PREPARE[type(task)](task)
                 self.steps.append(lambda args, run, step=step: step(args, run.feeds, run.variables))
         self.describe = [f"%{t} @{tg.tasks[t].loc} {tg.tasks[t].describe()}" for t in self.ids]
+        native.flush()  # the compiled kernels, built together, at prepare
 
 
 def _sender(t: int, task: MoveTask):
