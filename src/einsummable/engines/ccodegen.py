@@ -40,7 +40,8 @@ PRELUDE = """#include <stdint.h>
     f'__attribute__((simd("notinbranch"))) {t} {f}{s}({t});\n'
     for f in VECTOR_MATH for t, s in (("float", "f"), ("double", ""))
 ) + "".join(
-    f'__attribute__((simd("notinbranch"))) {t} pow{s}({t}, {t});\n' for t, s in (("float", "f"), ("double", ""))
+    f'__attribute__((simd("notinbranch"))) {t} pow{s}({t}, {t});\n'
+    for t, s in (("float", "f"), ("double", ""))
 ) + """
 static inline float ld_bf16(uint16_t u) {
   uint32_t w = (uint32_t)u << 16; float f; memcpy(&f, &w, 4); return f;
