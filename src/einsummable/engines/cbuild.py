@@ -92,7 +92,6 @@ def build(sources: list[Source]) -> None:
             for src in batch:
                 fn = getattr(lib, src.name)
                 fn.restype = None
-                fn.argtypes = [ctypes.c_void_p] * 5
                 _functions[src.name] = fn
 
 

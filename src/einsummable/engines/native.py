@@ -54,43 +54,58 @@ class _Compiled:
     def __init__(self, op: Einsummable, src: cbuild.Source, fallback: Body) -> None:
         self.op, self.src, self.fallback = op, src, fallback
         self.fn: ctypes._CFuncPtr | None = None
+        self.failed = False
         self.dtypes = [to_numpy(d) for d in op.dtypes]
         self.shapes = [tuple(op.join_shape[i] for i in idx) for idx in op.inputs]
-        self.sizes = np.array(op.join_shape or (0,), dtype=np.int64)
+        self.sizes = (ctypes.c_int64 * max(1, op.rank))(*op.join_shape)
         self.out_dtype = to_numpy(op.dtype)
         self.acc_dtype = np.dtype(np.float32) if src.accumulate_f32 else self.out_dtype
         self.out_shape = op.out_shape
-        self.rank, self.n = op.rank, len(op.inputs)
+        self.pointers = ctypes.c_void_p * max(1, len(op.inputs))
+        self.strides: dict[tuple, ctypes.Array] = {}  # per operand strides: the C side reads them only
+        self.no_variables = (ctypes.c_double * 1)()
 
     def __call__(self, arrays: Sequence[np.ndarray], variables: dict | None = None) -> np.ndarray:
         fn = self.fn
         if fn is None:
+            if self.failed:
+                return self.fallback(arrays, variables)
             flush()
             fn = self.fn = cbuild.function(self.src)
             if fn is None:  # the build failed (warned once): numpy from now on
-                self.__call__ = self.fallback  # type: ignore[method-assign]
+                self.failed = True
                 return self.fallback(arrays, variables)
-        rank, kept = self.rank, []
-        strides = np.zeros(max(1, self.n * rank), dtype=np.int64)
-        pointers = (ctypes.c_void_p * max(1, self.n))()
-        for k, a in enumerate(arrays):
-            dtype = self.dtypes[k]
-            a = np.asarray(a)  # a whole reduction may hand over a numpy scalar
-            if a.dtype != dtype:
-                a = a.astype(dtype)
-            if a.shape != self.shapes[k]:
-                raise ShapeError(f"operand {k} of {self.op.spec} has shape {a.shape}; "
-                                 f"expected {self.shapes[k]}")
-            if any(s % dtype.itemsize for s in a.strides):
-                a = np.ascontiguousarray(a)
-            for pos, d in enumerate(self.op.inputs[k]):
-                strides[k * rank + d] = a.strides[pos] // dtype.itemsize
-            pointers[k] = a.ctypes.data
-            kept.append(a)
-        values = np.array([_variable(name, variables) for name in self.src.variables] or [0.0])
+        arrays = [self._operand(k, a) for k, a in enumerate(arrays)]
+        key = tuple(a.strides for a in arrays)
+        strides = self.strides.get(key)
+        if strides is None:
+            strides = self.strides[key] = self._strides(arrays)
+        names = self.src.variables
+        values = (ctypes.c_double * len(names))(*(_variable(n, variables) for n in names)) if names \
+            else self.no_variables
         out = np.empty(self.out_shape, dtype=self.acc_dtype)
-        fn(pointers, self.sizes.ctypes.data, strides.ctypes.data, values.ctypes.data, out.ctypes.data)
+        pointers = self.pointers(*(a.__array_interface__["data"][0] for a in arrays))
+        fn(pointers, self.sizes, strides, values, ctypes.c_void_p(out.__array_interface__["data"][0]))
         return out.astype(self.out_dtype) if self.acc_dtype != self.out_dtype else out
+
+    def _operand(self, k: int, a: np.ndarray) -> np.ndarray:
+        dtype = self.dtypes[k]
+        if type(a) is not np.ndarray or a.dtype != dtype:  # a whole reduction may hand over a scalar
+            a = np.asarray(a, dtype=dtype)
+        if a.shape != self.shapes[k]:
+            raise ShapeError(f"operand {k} of {self.op.spec} has shape {a.shape}; expected {self.shapes[k]}")
+        if any(s % dtype.itemsize for s in a.strides):
+            a = np.ascontiguousarray(a)
+        return a
+
+    def _strides(self, arrays: list[np.ndarray]) -> ctypes.Array:
+        """Each operand's stride, in elements, along every join dim (0 where it has none)."""
+        rank = self.op.rank
+        out = (ctypes.c_int64 * max(1, len(arrays) * rank))()
+        for k, (a, idx) in enumerate(zip(arrays, self.op.inputs, strict=True)):
+            for pos, d in enumerate(idx):
+                out[k * rank + d] = a.strides[pos] // a.itemsize
+        return out
 
 
 def _variable(name: str, variables: dict | None) -> float:
