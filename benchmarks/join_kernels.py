@@ -4,7 +4,10 @@ Each pattern is the einsummables the graph holds for it, run on one block as the
 engines run them (``kernels.prepare``); the numpy path is the same ops prepared with
 ``EINSUMMABLE_KERNELS=numpy``. Medians of interleaved rounds.
 
-    PYTHONPATH=src python benchmarks/kernels.py [--rows 1024] [--repeats 7]
+    PYTHONPATH=src python benchmarks/join_kernels.py [--rows 1024] [--repeats 7]
+
+(Not benchmarks/kernels.py: run from benchmarks/, that name shadows the ``kernels``
+package that transformers imports, and the Llama benchmarks fail.)
 """
 
 from __future__ import annotations
