@@ -104,12 +104,12 @@ def _generate(op: Einsummable) -> Source:
     order = loop_order(op)
     names = tuple(sorted(variables_used(op.join)))
     emitter = _Emitter(op, names)
-    value, vtype = emitter.root()
+    value = emitter.root()
     half_out = op.dtype in ("bf16", "f16")
     acc_t = "float" if half_out or op.dtype == "f32" else COMPUTE[op.dtype]
     key = repr((scalar.to_string(op.join), op.dtypes, op.inputs, op.out_rank, op.agg, op.rank, order))
     name = "k_" + hashlib.sha256(key.encode()).hexdigest()[:20]
-    body = _loops(op, order, emitter, value, vtype, acc_t, half_out)
+    body = _loops(op, order, emitter, value, acc_t)
     text = (f"void {name}(char **in_, const int64_t *n, const int64_t *s, const double *vars, char *out_)\n"
             f"{{\n{body}}}\n")
     return Source(name, text, order, names, bool(op.agg) and half_out)
@@ -126,9 +126,8 @@ class _Emitter:
         self.memo: dict[Expr, tuple[str, str | None]] = {}
         self.loads: dict[int, str] = {}
 
-    def root(self) -> tuple[str, str]:
-        code, ctype = self.emit(self.op.join)
-        return code, ctype or "double"
+    def root(self) -> str:
+        return self.emit(self.op.join)[0]
 
     def temp(self, ctype: str, code: str) -> str:
         name = f"t{len(self.lines)}"
@@ -256,8 +255,7 @@ def _call(op: str, t: str, a: list[str]) -> str:
     raise Unsupported(op)
 
 
-def _loops(op: Einsummable, order: tuple[int, ...], em: _Emitter, value: str, vtype: str,
-           acc_t: str, half_out: bool) -> str:
+def _loops(op: Einsummable, order: tuple[int, ...], em: _Emitter, value: str, acc_t: str) -> str:
     """The loop nest over the join in ``order``; the innermost loop is written twice, unit
     stride (so it vectorises) and general."""
     rank, out_rank = op.rank, op.out_rank
@@ -290,7 +288,7 @@ def _loops(op: Einsummable, order: tuple[int, ...], em: _Emitter, value: str, vt
             offsets["y"] = f"ay_{d}"
     pad = "  " * depth
     if not rank:
-        body = _body(op, em, value, vtype, None, offsets, "", acc_t, half_out, pad)
+        body = _body(op, em, value, None, offsets, False, acc_t, pad)
         lines += [pad + "{", *body, pad + "}"]
     else:
         inner = order[-1]
@@ -298,16 +296,16 @@ def _loops(op: Einsummable, order: tuple[int, ...], em: _Emitter, value: str, vt
         if inner < out_rank:
             unit.append(f"o_{inner} == 1")
         lines.append(f"{pad}if ({' && '.join(unit) or '1'}) {{")
-        lines += _inner(op, em, value, vtype, inner, offsets, True, acc_t, half_out, pad + "  ")
+        lines += _inner(op, em, value, inner, offsets, True, acc_t, pad + "  ")
         lines.append(f"{pad}}} else {{")
-        lines += _inner(op, em, value, vtype, inner, offsets, False, acc_t, half_out, pad + "  ")
+        lines += _inner(op, em, value, inner, offsets, False, acc_t, pad + "  ")
         lines.append(f"{pad}}}")
     for level in reversed(range(depth)):
         lines.append("  " * level + "}")
     return "".join("  " + line + "\n" for line in lines)
 
 
-def _inner(op, em, value, vtype, inner, offsets, unit, acc_t, half_out, pad) -> list[str]:
+def _inner(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:
     n = f"n[{inner}]"
     reducing = op.agg is not None and inner >= op.out_rank
     lines = []
@@ -318,7 +316,7 @@ def _inner(op, em, value, vtype, inner, offsets, unit, acc_t, half_out, pad) -> 
     else:
         lines.append(f"{pad}#pragma omp simd")
     lines.append(f"{pad}for (int64_t j = 0; j < {n}; j++) {{")
-    lines += _body(op, em, value, vtype, inner, offsets, "j" if unit else None, acc_t, half_out, pad + "  ")
+    lines += _body(op, em, value, inner, offsets, unit, acc_t, pad + "  ")
     lines.append(pad + "}")
     if reducing:
         target = f"y[{offsets['y']}]"
@@ -326,7 +324,7 @@ def _inner(op, em, value, vtype, inner, offsets, unit, acc_t, half_out, pad) -> 
     return lines
 
 
-def _body(op, em, value, vtype, inner, offsets, unit, acc_t, half_out, pad) -> list[str]:
+def _body(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:
     """Loads, the join's steps and the store for the element at ``j`` of the inner loop."""
     lines = []
     for k, (idx, d) in enumerate(zip(op.inputs, op.dtypes, strict=True)):
