@@ -79,11 +79,20 @@ class Source:
 
 
 def generate(op: Einsummable) -> Source | None:
-    """The C function for ``op``, or None where it has no C form."""
-    try:
-        return _generate(op)
-    except Unsupported:
-        return None
+    """The C function for ``op``, or None where it has no C form.
+
+    Cached by the op's form: a program's thousands of blocks share a few dozen functions.
+    """
+    key = (op.join, op.dtypes, op.inputs, op.out_rank, op.agg, op.rank, loop_order(op))
+    if key not in _generated:
+        try:
+            _generated[key] = _generate(op)
+        except Unsupported:
+            _generated[key] = None
+    return _generated[key]
+
+
+_generated: dict[tuple, Source | None] = {}
 
 
 def loop_order(op: Einsummable) -> tuple[int, ...]:
@@ -96,6 +105,7 @@ def loop_order(op: Einsummable) -> tuple[int, ...]:
 
 
 def _generate(op: Einsummable) -> Source:
+    """Everything below depends on the op's form alone, never on its sizes."""
     for d in (*op.dtypes, op.dtype):
         if d not in STORAGE:
             raise Unsupported(d)
