@@ -55,3 +55,8 @@ class CheckpointError(EinsummableError):
 
 class ConfigError(EinsummableError):
     """A model configuration is malformed, or asks for maths this Llama does not implement."""
+
+
+class Unsupported(EinsummableError):
+    """A join has no generated C form (complex values, say): its kernel stays on numpy.
+    Internal: the compiled-kernel path catches it and falls back."""

@@ -24,7 +24,7 @@ import time
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from einsummable.engines import kernels, scheduler
+from einsummable.engines import kernels, native, scheduler
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
@@ -211,6 +211,7 @@ class LocalProgram:
         self.rank = scheduler.critical_path(self.inputs, [task_cost(t) for t in tasks])
         self.keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
         self.steps = [PREPARE[type(t)](t) for t in tasks]
+        native.flush()  # the compiled kernels, built together, at prepare
 
     def run(self, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
             carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:

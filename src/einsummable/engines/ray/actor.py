@@ -14,7 +14,7 @@ import numpy as np
 import ray
 from threadpoolctl import threadpool_limits
 
-from einsummable.engines import local, scheduler
+from einsummable.engines import local, native, scheduler
 from einsummable.engines.blocks import Blocks
 from einsummable.errors import EngineError
 from einsummable.ir.box import slices
@@ -116,6 +116,7 @@ class _Part:
                 step = local.PREPARE[type(task)](task)
                 self.steps.append(lambda args, run, step=step: step(args, run.feeds, run.variables))
         self.describe = [f"%{t} @{tg.tasks[t].loc} {tg.tasks[t].describe()}" for t in self.ids]
+        native.flush()  # the compiled kernels, built together, at prepare
 
 
 def _sender(t: int, task: MoveTask):

@@ -1,0 +1,149 @@
+"""Block kernels: generated C (engines/native) against the numpy path and torch, one thread.
+
+Each pattern is the einsummables the graph holds for it, run on one block as the
+engines run them (``kernels.prepare``); the numpy path is the same ops prepared with
+``EINSUMMABLE_KERNELS=numpy``. Medians of interleaved rounds.
+
+    PYTHONPATH=src python benchmarks/join_kernels.py [--rows 1024] [--repeats 7]
+
+(Not benchmarks/kernels.py: run from benchmarks/, that name shadows the ``kernels``
+package that transformers imports, and the Llama benchmarks fail.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_info, threadpool_limits
+
+from common import compare
+from einsummable.engines import cbuild, kernels, local, native
+from einsummable.ir.einsummable import Einsummable
+
+F32 = np.float32
+
+
+def op(spec: str, shapes, join: str, agg: str | None = None) -> Einsummable:
+    return Einsummable.from_spec(spec, shapes, join=join, agg=agg, dtypes=["f32"] * len(shapes))
+
+
+def patterns(rows: int, ff: int, d: int, keys: int) -> dict:
+    """name -> (list of (op, operand names, result name), torch function, inputs)."""
+    rng = np.random.default_rng(0)
+
+    def arr(*shape):
+        return rng.standard_normal(shape).astype(F32)
+
+    n, eps = d, 1e-6
+    s, r = (rows, keys), (rows,)
+    x, dy = arr(*s), arr(*s)
+    y = np.exp(x - x.max(1, keepdims=True))
+    y /= y.sum(1, keepdims=True)
+    h, w, g = arr(rows, d), arr(d), arr(rows, d)
+    ms = (h * h).mean(1).astype(F32)
+    p, m, v = arr(rows, ff), arr(rows, ff) * 0.1, np.abs(arr(rows, ff)) * 0.01
+    scal = {"c1": np.array(0.1, F32), "c2": np.array(0.001, F32), "lr": np.array(1e-3, F32),
+            "eps": np.array(1e-8, F32), "wd": np.array(0.1, F32)}
+    adam_step = "x5 / x3 * x1 / (sqrt(x2) / sqrt(x4) + x6)"
+    ts = {k: torch.from_numpy(a) for k, a in
+          dict(x=x, dy=dy, y=y, h=h, w=w, g=g, a=arr(rows, ff), b=arr(rows, ff)).items()}
+    tp = torch.from_numpy(p.copy())
+    tp.grad = torch.from_numpy(arr(rows, ff))
+    opt = torch.optim.AdamW([tp], lr=1e-3, weight_decay=0.1, fused=True)
+
+    def torch_rms_bwd():
+        tr = torch.rsqrt((ts["h"] * ts["h"]).mean(1, keepdim=True) + eps)
+        t = (ts["g"] * ts["w"] * ts["h"]).sum(1, keepdim=True)
+        dx = ts["g"] * ts["w"] * tr - ts["h"] * (tr ** 3 / n) * t
+        return dx, (ts["g"] * ts["h"] * tr).sum(0)
+
+    return {
+        "silu(x) * y": ([(op("ij,ij->ij", [(rows, ff)] * 2, "silu(x0) * x1"), ("a", "b"), "o")],
+                        lambda: torch.nn.functional.silu(ts["a"]) * ts["b"],
+                        {"a": ts["a"].numpy(), "b": ts["b"].numpy()}),
+        "softmax forward": ([
+            (op("ij->i", [s], "x0", "max"), ("x",), "m"),
+            (op("ij,i->i", [s, r], "exp(x0 - stop_gradient(x1))", "add"), ("x", "m"), "s"),
+            (op("ij,i,i->ij", [s, r, r], "exp(x0 - stop_gradient(x1)) / x2"), ("x", "m", "s"), "o"),
+        ], lambda: torch.softmax(ts["x"], 1), {"x": x}),
+        "softmax backward": ([
+            (op("ij,ij->i", [s, s], "x0 * x1", "add"), ("y", "dy"), "t"),
+            (op("ij,ij,i->ij", [s, s, r], "x0 * (x1 - x2)"), ("y", "dy", "t"), "o"),
+        ], lambda: torch._softmax_backward_data(ts["dy"], ts["y"], 1, torch.float32), {"y": y, "dy": dy}),
+        "rmsnorm forward": ([
+            (op("ij->i", [(rows, d)], f"x0 * x0 * {1.0 / n!r}", "add"), ("h",), "ms"),
+            (op("ij,i,j->ij", [(rows, d), r, (d,)], f"x0 * rsqrt(x1 + {eps!r}) * x2"), ("h", "ms", "w"), "o"),
+        ], lambda: ts["h"] * torch.rsqrt((ts["h"] * ts["h"]).mean(1, keepdim=True) + eps) * ts["w"],
+            {"h": h, "w": w}),
+        "rmsnorm backward": ([
+            (op("ij,j,ij->i", [(rows, d), (d,), (rows, d)], "x0 * x1 * x2", "add"), ("g", "w", "h"), "t"),
+            (op("ij,j,ij,i,i->ij", [(rows, d), (d,), (rows, d), r, r],
+                f"x0 * x1 * rsqrt(x3 + {eps!r}) - x2 * rsqrt(x3 + {eps!r}) ** 3 * {1.0 / n!r} * x4"),
+             ("g", "w", "h", "ms", "t"), "dx"),
+            (op("ij,ij,i->j", [(rows, d), (rows, d), r], f"x0 * x1 * rsqrt(x2 + {eps!r})", "add"),
+             ("g", "h", "ms"), "dw"),
+        ], torch_rms_bwd, {"g": g, "w": w, "h": h, "ms": ms}),
+        "AdamW update": ([
+            (op("ij,ij->ij", [(rows, ff)] * 2, "0.9 * x0 + 0.1 * x1"), ("m", "gp"), "m2"),
+            (op("ij,ij->ij", [(rows, ff)] * 2, "0.999 * x0 + 0.001 * (x1 * x1)"), ("v", "gp"), "v2"),
+            (op("ij,ij,ij,,,,,->ij", [(rows, ff)] * 3 + [()] * 5, f"x0 * (1 - x5 * x7) - {adam_step}"),
+             ("p", "m2", "v2", "c1", "c2", "lr", "eps", "wd"), "o"),
+        ], opt.step, {"p": p, "m": m, "v": v, "gp": tp.grad.numpy(), **scal}),
+    }
+
+
+def runner(steps, feeds, prepare):
+    prepared = [(prepare(o), names, out) for o, names, out in steps]
+
+    def run():
+        env = dict(feeds)
+        for kernel, names, out in prepared:
+            env[out] = kernel([env[k] for k in names], None)
+        return env
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=1024)
+    parser.add_argument("--ff", type=int, default=1376)
+    parser.add_argument("--d", type=int, default=512)
+    parser.add_argument("--keys", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    local._keep_freed_memory()  # blocks come from the reused heap, as in the engines
+    print(f"CPU: {platform.processor() or platform.machine()}; BLAS: "
+          f"{[i.get('internal_api') for i in threadpool_info()]}; torch {torch.__version__}")
+    if not cbuild.enabled():
+        raise SystemExit("compiled kernels are off (EINSUMMABLE_KERNELS=numpy or no compiler)")
+
+    def numpy_path(o):
+        os.environ[cbuild.ENV] = "numpy"
+        try:
+            return kernels.prepare.__wrapped__(o)
+        finally:
+            del os.environ[cbuild.ENV]
+
+    print(f"\n{'pattern':<18} {'compiled':>10} {'numpy':>10} {'torch':>10}   numpy/compiled  torch/compiled")
+    with threadpool_limits(1):
+        for name, (steps, torch_fn, feeds) in patterns(args.rows, args.ff, args.d, args.keys).items():
+            ours = runner(steps, feeds, kernels.prepare)
+            native.flush()
+            base = runner(steps, feeds, numpy_path)
+            a, b = ours(), base()
+            for _, _, out in steps:  # the same numbers, before timing
+                np.testing.assert_allclose(a[out], b[out], rtol=2e-4, atol=1e-5)
+            t = compare({"compiled": ours, "numpy": base, "torch": torch_fn}, repeats=args.repeats)
+            ms = " ".join(f"{t[k] * 1e3:8.3f}ms" for k in ("compiled", "numpy", "torch"))
+            print(f"{name:<18} {ms}"
+                  f"   {t['numpy'] / t['compiled']:10.2f}x  {t['torch'] / t['compiled']:12.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Where a Llama training step's time goes: GEMMs against everything else, per task kind.
+
+Each task of the local engine is timed as it runs (busy seconds, summed over workers).
+Run with 1 and 2 workers; ``EINSUMMABLE_KERNELS=numpy`` gives the numpy path's profile.
+``--ab`` instead times the step with compiled kernels against the numpy path, both
+trainers built in this process and stepped in alternation (a loaded machine hits both).
+
+    PYTHONPATH=src python benchmarks/llama_profile.py [--workers 2] [--steps 2] [--ab]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import statistics
+import threading
+import time
+
+import numpy as np
+
+from common import add_llama_arguments
+from einsummable.engines import cbuild, kernels, local, native
+from einsummable.lower.taskgraph import ApplyTask, PartialTask
+from einsummable.train.trainer import TrainConfig, Trainer
+from llama_block import hf_model
+
+
+def kind(task) -> str:
+    if isinstance(task, ApplyTask):
+        op = task.op
+        if op.is_contraction() and kernels._inner_size(op) > kernels.TINY_INNER:
+            return "GEMM (BLAS)"
+        body = kernels.prepare(op)
+        compiled = any(isinstance(c.cell_contents, native._Compiled) for c in _cells(body))
+        return "join, compiled C" if compiled else "join/reduce, numpy"
+    return "partial (sums, assembly)" if isinstance(task, PartialTask) else "input/move/view/fill"
+
+
+def _cells(fn):
+    """The closure cells of the prepared kernel and of the body it wraps."""
+    seen = list(fn.__closure__ or ())
+    for c in list(seen):
+        inner = getattr(c.cell_contents, "__closure__", None)
+        if callable(c.cell_contents) and inner:
+            seen += list(inner)
+    return seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_llama_arguments(parser, layers=8)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--ab", action="store_true", help="compiled against numpy kernels, alternating")
+    args = parser.parse_args()
+    _, cfg, params = hf_model(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate,
+                              args.vocab)
+    tcfg = TrainConfig(batch=args.batch, seq=args.seq, steps=args.steps + 1)
+    data = np.random.default_rng(2).integers(0, cfg.vocab_size, 1 << 20)
+    if args.ab:
+        return ab(cfg, params, tcfg, data, args)
+    busy: dict[str, float] = collections.defaultdict(float)
+    lock = threading.Lock()
+    original = local.LocalProgram.__init__
+
+    def timed_init(self, tg):
+        original(self, tg)
+        kinds = [kind(t) for t in tg.tasks]
+
+        def wrap(step, k):
+            def run(*a):
+                start = time.perf_counter()
+                out = step(*a)
+                with lock:
+                    busy[k] += time.perf_counter() - start
+                return out
+            return run
+
+        self.steps = [wrap(s, k) for s, k in zip(self.steps, kinds, strict=True)]
+
+    local.LocalProgram.__init__ = timed_init
+    trainer = Trainer(cfg, params, tcfg, data, workers=args.workers)
+    trainer.train_step()  # warm-up
+    busy.clear()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        trainer.train_step()
+    wall = (time.perf_counter() - start) / args.steps
+    total = sum(busy.values()) / args.steps
+    print(f"workers {args.workers}: step {wall:.3f} s wall, {total:.3f} s busy over the workers")
+    for k, t in sorted(busy.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:<26} {t / args.steps:8.3f} s  {100 * t / args.steps / total:5.1f}%")
+
+
+def ab(cfg, params, tcfg, data, args) -> None:
+    """Median step time with compiled kernels and with numpy kernels, stepped in alternation."""
+    trainers = {}
+    for mode in ("numpy", "compiled"):
+        kernels.prepare.cache_clear()  # kernels are chosen at prepare: prepare again per mode
+        if mode == "numpy":
+            os.environ[cbuild.ENV] = "numpy"
+        start = time.perf_counter()
+        trainers[mode] = Trainer(cfg, params, tcfg, data, workers=args.workers)
+        os.environ.pop(cbuild.ENV, None)
+        print(f"{mode}: prepared in {time.perf_counter() - start:.1f} s")
+    for t in trainers.values():
+        t.train_step()  # warm-up
+    times: dict[str, list[float]] = {m: [] for m in trainers}
+    for _ in range(args.steps):
+        for mode, t in trainers.items():
+            start = time.perf_counter()
+            t.train_step()
+            times[mode].append(time.perf_counter() - start)
+    med = {m: statistics.median(ts) for m, ts in times.items()}
+    np.testing.assert_allclose(trainers["compiled"].losses, trainers["numpy"].losses, rtol=1e-4)
+    print(f"workers {args.workers}, median of {args.steps}: compiled {med['compiled']:.3f} s, "
+          f"numpy {med['numpy']:.3f} s, numpy/compiled = {med['numpy'] / med['compiled']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

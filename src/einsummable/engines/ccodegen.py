@@ -1,0 +1,363 @@
+"""C source for one einsummable over a block: its join, fused with its aggregation, in one pass.
+
+The generated function depends on the op's structure (join, dtypes, index tuples,
+aggregation, loop order), not on its sizes: sizes and strides are arguments, so all
+the blocks of a node, and every node of the same form, share one function.
+
+Semantics follow the numpy path (``ir.scalar.Compiled``) value for value:
+- every step of the join rounds to its dtype; constants and run-time variables are
+  weak (they take the other operand's type; an all-weak step runs in double);
+- half types (f16, bf16) load as f32, compute in f32 and round once at the store
+  (round to nearest even); reductions accumulate in f32;
+- ``where`` is a select, ``min``/``max`` propagate NaN and return the second operand
+  on ties (as ``np.minimum``/``np.maximum`` do); no ``-ffast-math``: NaN, ±inf and
+  −0.0 keep their IEEE meaning.
+Unsupported ops and dtypes (complex) return None: that kernel stays on numpy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+from einsummable.errors import Unsupported
+from einsummable.ir import scalar
+from einsummable.ir.einsummable import Einsummable
+from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, variables_used
+from einsummable.ir.scalar_ops import GELU_A, GELU_C
+
+# storage type, compute type per dtype
+STORAGE = {"f32": "float", "f64": "double", "bf16": "uint16_t", "f16": "_Float16", "bool": "uint8_t"}
+COMPUTE = {"f32": "float", "f64": "double", "bf16": "float", "f16": "float", "bool": "int"}
+VECTOR_MATH = ("exp", "log", "sin", "cos", "tanh")
+IDENTITY = {"add": "0.0", "mul": "1.0", "min": "INFINITY", "max": "-INFINITY"}
+
+PRELUDE = """#include <stdint.h>
+#include <string.h>
+#include <math.h>
+""" + "".join(
+    f'__attribute__((simd("notinbranch"))) {t} {f}{s}({t});\n'
+    for f in VECTOR_MATH for t, s in (("float", "f"), ("double", ""))
+) + "".join(
+    f'__attribute__((simd("notinbranch"))) {t} pow{s}({t}, {t});\n'
+    for t, s in (("float", "f"), ("double", ""))
+) + """
+static inline float ld_bf16(uint16_t u) {
+  uint32_t w = (uint32_t)u << 16; float f; memcpy(&f, &w, 4); return f;
+}
+static inline uint16_t st_bf16(float f) {
+  uint32_t w; memcpy(&w, &f, 4);
+  uint32_t r = (w + 0x7fffu + ((w >> 16) & 1u)) >> 16;
+  uint32_t q = ((w >> 16) & 0x8000u) | 0x7fc0u;
+  return (uint16_t)((w & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+static inline float rd_bf16(float f) { return ld_bf16(st_bf16(f)); }
+static inline float rd_f16(float f) { return (float)(_Float16)f; }
+#define NMAX(a, b) (((a) != (a)) ? (a) : ((a) > (b) ? (a) : (b)))
+#define NMIN(a, b) (((a) != (a)) ? (a) : ((a) < (b) ? (a) : (b)))
+""" + "".join(
+    f"#pragma omp declare reduction(n{m}_{t[0]}: {t}: omp_out = N{m.upper()}(omp_out, omp_in)) "
+    f"initializer(omp_priv = {sign}INFINITY)\n"
+    for m, sign in (("max", "-"), ("min", "")) for t in ("float", "double")
+)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One generated function: its name, its C text, and what the caller passes it."""
+
+    name: str
+    text: str
+    order: tuple[int, ...]        # join dims, outermost loop first
+    variables: tuple[str, ...]    # run-time variables, in the order of the ``vars`` argument
+    accumulate_f32: bool          # the output is half: the caller hands an f32 accumulator
+
+
+def generate(op: Einsummable) -> Source | None:
+    """The C function for ``op``, or None where it has no C form.
+
+    Cached by the op's form: a program's thousands of blocks share a few dozen functions.
+    """
+    key = (op.join, op.dtypes, op.inputs, op.out_rank, op.agg, op.rank, loop_order(op))
+    if key not in _generated:
+        try:
+            _generated[key] = _generate(op)
+        except Unsupported:
+            _generated[key] = None
+    return _generated[key]
+
+
+_generated: dict[tuple, Source | None] = {}
+
+
+def loop_order(op: Einsummable) -> tuple[int, ...]:
+    """Join dims outermost first: output order for elementwise joins; for reductions the
+    largest operand's memory order (as the numpy path walks it), so the inner loop streams."""
+    if op.agg is None or not op.inputs:
+        return tuple(range(op.rank))
+    biggest = max(op.inputs, key=lambda idx: math.prod(op.join_shape[i] for i in idx))
+    return (*(i for i in range(op.rank) if i not in biggest), *biggest)
+
+
+def _generate(op: Einsummable) -> Source:
+    """Everything below depends on the op's form alone, never on its sizes."""
+    for d in (*op.dtypes, op.dtype):
+        if d not in STORAGE:
+            raise Unsupported(d)
+    if op.dtype == "bool":
+        raise Unsupported("bool output")
+    order = loop_order(op)
+    names = tuple(sorted(variables_used(op.join)))
+    emitter = _Emitter(op, names)
+    value = emitter.root()
+    half_out = op.dtype in ("bf16", "f16")
+    acc_t = "float" if half_out or op.dtype == "f32" else COMPUTE[op.dtype]
+    key = repr((scalar.to_string(op.join), op.dtypes, op.inputs, op.out_rank, op.agg, op.rank, order))
+    name = "k_" + hashlib.sha256(key.encode()).hexdigest()[:20]
+    body = _loops(op, order, emitter, value, acc_t)
+    text = (f"void {name}(char **in_, const int64_t *n, const int64_t *s, const double *vars, char *out_)\n"
+            f"{{\n{body}}}\n")
+    return Source(name, text, order, names, bool(op.agg) and half_out)
+
+
+class _Emitter:
+    """The join as C statements, one temporary per step, typed as the numpy path types it."""
+
+    def __init__(self, op: Einsummable, variables: tuple[str, ...]) -> None:
+        self.op = op
+        self.variables = variables
+        self.result = COMPUTE[op.dtype]
+        self.lines: list[str] = []
+        self.memo: dict[Expr, tuple[str, str | None]] = {}
+        self.loads: dict[int, str] = {}
+
+    def root(self) -> str:
+        return self.emit(self.op.join)[0]
+
+    def temp(self, ctype: str, code: str) -> str:
+        name = f"t{len(self.lines)}"
+        self.lines.append(f"{ctype} {name} = {code};")
+        return name
+
+    def emit(self, e: Expr) -> tuple[str, str | None]:
+        """(C expression, its type); type None marks a weak scalar (a Python number in numpy)."""
+        if e not in self.memo:
+            self.memo[e] = self._emit(e)
+        return self.memo[e]
+
+    def _emit(self, e: Expr) -> tuple[str, str | None]:
+        if isinstance(e, Input):
+            return f"v{e.index}", COMPUTE[self.op.dtypes[e.index]]
+        if isinstance(e, Const):
+            return _literal(e.value), None
+        if isinstance(e, Var):
+            return f"vars[{self.variables.index(e.name)}]", None
+        if isinstance(e, Cast):
+            code, ctype = self.emit(e.arg)
+            if e.dtype not in COMPUTE or e.dtype == "bool" or ctype == "int":
+                raise Unsupported(f"cast to {e.dtype}")
+            target = COMPUTE[e.dtype]
+            code = f"(({target})({code}))"
+            if e.dtype == "bf16":
+                code = f"rd_bf16({code})"
+            elif e.dtype == "f16":
+                code = f"rd_f16({code})"
+            return self.temp(target, code), target
+        assert isinstance(e, Call)
+        if e.op == "stop_gradient":
+            return self.emit(e.args[0])
+        if e.op == "pow":
+            return self._pow(e)
+        operands = e.args[1:] if e.op == "where" else e.args  # a where's condition is no operand
+        args = [self.emit(a) for a in operands]
+        step = self._step_type(e)
+        typed = [t for _, t in args if t is not None and t != "int"]
+        work = "double" if "double" in typed else (typed[0] if typed else "double")
+
+        def arg(k: int) -> str:
+            code, t = args[k]
+            return code if t == work else f"(({work})({code}))"
+
+        if e.op == "where":
+            cond, _ = self.emit(e.args[0])
+            return self.temp(step, f"({cond}) ? ({step})({arg(0)}) : ({step})({arg(1)})"), step
+        code = _call(e.op, work, [arg(k) for k in range(len(args))])
+        if e.op in ("lt", "le", "gt", "ge", "eq", "ne"):
+            return self.temp("int", code), "int"
+        return self.temp(step, f"({step})({code})"), step
+
+    def _step_type(self, e: Expr) -> str:
+        """The buffer dtype numpy gives this step: its own dtype, else the op's result dtype."""
+        d = scalar.dtype_of(e, self.op.dtypes)
+        if d in ("c64",):
+            raise Unsupported("complex")
+        return COMPUTE[d] if d is not None else self.result
+
+    def _pow(self, e: Call) -> tuple[str, str]:
+        base, exponent = e.args
+        assert isinstance(exponent, Const)
+        c = exponent.value
+        code, t = self.emit(base)
+        step = self._step_type(e)
+        work = t if t is not None else "double"
+        a = code if t == work else f"(({work})({code}))"
+        if isinstance(c, complex):
+            raise Unsupported("complex")
+        fn = "" if work == "double" else "f"
+        if c == 2:
+            out = f"{a} * {a}"
+        elif c == 0.5:
+            out = f"sqrt{fn}({a})"
+        elif c == -1:
+            out = f"({work})1.0 / {a}"
+        elif c == 1:
+            out = a
+        else:
+            out = f"pow{fn}({a}, ({work}){_literal(c)})"
+        return self.temp(step, f"({step})({out})"), step
+
+
+def _literal(v: float | complex) -> str:
+    if isinstance(v, complex):
+        raise Unsupported("complex constant")
+    v = float(v)
+    if math.isnan(v):
+        return "(double)NAN"
+    if math.isinf(v):
+        return "(double)INFINITY" if v > 0 else "(-(double)INFINITY)"
+    return f"({v.hex()})"
+
+
+def _call(op: str, t: str, a: list[str]) -> str:
+    f = "" if t == "double" else "f"
+    one, half = f"(({t})1.0)", f"(({t})0.5)"
+    binary = {"add": "+", "sub": "-", "mul": "*", "div": "/",
+              "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+    if op in binary:
+        return f"{a[0]} {binary[op]} {a[1]}"
+    if op == "neg":
+        return f"-{a[0]}"
+    if op == "abs":
+        return f"fabs{f}({a[0]})"
+    if op in VECTOR_MATH or op == "sqrt":
+        return f"{op}{f}({a[0]})"
+    if op == "rsqrt":
+        return f"{one} / sqrt{f}({a[0]})"
+    if op == "sigmoid":
+        return f"{half} * tanh{f}({half} * {a[0]}) + {half}"
+    if op == "silu":  # sigmoid rounded to its step type, then times a (numpy's two steps)
+        return f"({t})({half} * tanh{f}({half} * {a[0]}) + {half}) * {a[0]}"
+    if op == "relu":
+        return f"NMAX({a[0]}, ({t})0.0)"
+    if op == "gelu":  # numpy's sequence of steps, each rounded to t
+        x = a[0]
+        u = f"(({x} * {x}) * ({t}){GELU_A.hex()} + {one})"
+        return f"((tanh{f}(({u} * {x}) * ({t}){GELU_C.hex()}) + {one}) * {x}) * {half}"
+    if op == "max":
+        return f"NMAX({a[0]}, {a[1]})"
+    if op == "min":
+        return f"NMIN({a[0]}, {a[1]})"
+    raise Unsupported(op)
+
+
+def _loops(op: Einsummable, order: tuple[int, ...], em: _Emitter, value: str, acc_t: str) -> str:
+    """The loop nest over the join in ``order``; the innermost loop is written twice, unit
+    stride (so it vectorises) and general."""
+    rank, out_rank = op.rank, op.out_rank
+    lines = []
+    for k, d in enumerate(op.dtypes):
+        lines.append(f"const {STORAGE[d]} *restrict x{k} = (const {STORAGE[d]} *)in_[{k}];")
+    out_store = acc_t if op.agg else STORAGE[op.dtype]
+    lines.append(f"{out_store} *restrict y = ({out_store} *)out_;")
+    for k, idx in enumerate(op.inputs):
+        for d in idx:
+            lines.append(f"const int64_t s{k}_{d} = s[{k * rank + d}];")
+    # the output is contiguous, row-major in its first out_rank dims
+    stride = "1"
+    for d in reversed(range(out_rank)):
+        lines.append(f"const int64_t o_{d} = {stride};")
+        stride = f"o_{d} * n[{d}]"
+    if op.agg:
+        lines.append(f"for (int64_t i = 0; i < {stride}; i++) y[i] = ({acc_t}){IDENTITY[op.agg]};")
+    offsets = {k: "0" for k in range(len(op.inputs))} | {"y": "0"}
+    depth = 0
+    for d in order[:-1] if rank else ():
+        lines.append(f"{'  ' * depth}for (int64_t i{d} = 0; i{d} < n[{d}]; i{d}++) {{")
+        depth += 1
+        for k, idx in enumerate(op.inputs):
+            if d in idx:
+                lines.append(f"{'  ' * depth}const int64_t a{k}_{d} = {offsets[k]} + i{d} * s{k}_{d};")
+                offsets[k] = f"a{k}_{d}"
+        if d < out_rank:
+            lines.append(f"{'  ' * depth}const int64_t ay_{d} = {offsets['y']} + i{d} * o_{d};")
+            offsets["y"] = f"ay_{d}"
+    pad = "  " * depth
+    if not rank:
+        body = _body(op, em, value, None, offsets, False, acc_t, pad)
+        lines += [pad + "{", *body, pad + "}"]
+    else:
+        inner = order[-1]
+        unit = [f"s{k}_{inner} == 1" for k, idx in enumerate(op.inputs) if inner in idx]
+        if inner < out_rank:
+            unit.append(f"o_{inner} == 1")
+        lines.append(f"{pad}if ({' && '.join(unit) or '1'}) {{")
+        lines += _inner(op, em, value, inner, offsets, True, acc_t, pad + "  ")
+        lines.append(f"{pad}}} else {{")
+        lines += _inner(op, em, value, inner, offsets, False, acc_t, pad + "  ")
+        lines.append(f"{pad}}}")
+    for level in reversed(range(depth)):
+        lines.append("  " * level + "}")
+    return "".join("  " + line + "\n" for line in lines)
+
+
+def _inner(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:
+    n = f"n[{inner}]"
+    reducing = op.agg is not None and inner >= op.out_rank
+    lines = []
+    if reducing:
+        udr = {"add": "+", "mul": "*", "max": f"nmax_{acc_t[0]}", "min": f"nmin_{acc_t[0]}"}[op.agg]
+        lines.append(f"{pad}{acc_t} acc = ({acc_t}){IDENTITY[op.agg]};")
+        lines.append(f"{pad}#pragma omp simd reduction({udr}:acc)")
+    else:
+        lines.append(f"{pad}#pragma omp simd")
+    lines.append(f"{pad}for (int64_t j = 0; j < {n}; j++) {{")
+    lines += _body(op, em, value, inner, offsets, unit, acc_t, pad + "  ")
+    lines.append(pad + "}")
+    if reducing:
+        target = f"y[{offsets['y']}]"
+        lines.append(f"{pad}{target} = {_combine(op.agg, target, 'acc')};")
+    return lines
+
+
+def _body(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:
+    """Loads, the join's steps and the store for the element at ``j`` of the inner loop."""
+    lines = []
+    for k, (idx, d) in enumerate(zip(op.inputs, op.dtypes, strict=True)):
+        at = offsets[k]
+        if inner is not None and inner in idx:
+            at = f"{at} + j" if unit else f"{at} + j * s{k}_{inner}"
+        load = f"x{k}[{at}]"
+        load = f"ld_bf16({load})" if d == "bf16" else f"({COMPUTE[d]}){load}"
+        lines.append(f"{pad}const {COMPUTE[d]} v{k} = {load};")
+    lines += [pad + line for line in em.lines]
+    at = offsets["y"]
+    if inner is not None and inner < op.out_rank:
+        at = f"{at} + j" if unit else f"{at} + j * o_{inner}"
+    if op.agg is None:
+        if op.dtype == "bf16":
+            store = f"st_bf16((float)({value}))"
+        else:
+            store = f"({STORAGE[op.dtype]})({COMPUTE[op.dtype]})({value})"
+        lines.append(f"{pad}y[{at}] = {store};")
+    else:
+        v = f"({acc_t})({COMPUTE[op.dtype]})({value})"
+        if inner is not None and inner >= op.out_rank:
+            lines.append(f"{pad}acc = {_combine(op.agg, 'acc', v)};")
+        else:
+            lines.append(f"{pad}y[{at}] = {_combine(op.agg, f'y[{at}]', v)};")
+    return lines
+
+
+def _combine(agg: str, a: str, b: str) -> str:
+    return {"add": f"{a} + {b}", "mul": f"{a} * {b}", "max": f"NMAX({a}, {b})", "min": f"NMIN({a}, {b})"}[agg]

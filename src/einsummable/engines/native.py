@@ -1,0 +1,114 @@
+"""The compiled form of a join kernel, with the numpy kernel behind it as the fallback.
+
+``kernel(op, fallback)`` is the hook ``kernels.prepare`` calls for the joins it would
+otherwise run as numpy passes. Preparing only generates C source; the first call of
+any compiled kernel builds every kernel prepared so far, in parallel batches, so a
+program's kernels compile together (``cbuild``). Where the op has no C form, or no
+compiler works, the numpy kernel runs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from einsummable.engines import cbuild
+from einsummable.errors import ExprError, ShapeError
+from einsummable.ir.dtypes import to_numpy
+from einsummable.ir.einsummable import Einsummable
+
+Body = Callable[[Sequence[np.ndarray], dict | None], np.ndarray]
+
+_pending: dict[str, cbuild.Source] = {}
+_pending_lock = threading.Lock()
+
+
+def kernel(op: Einsummable, fallback: Body) -> Body:
+    """A body that runs ``op``'s generated C function, or ``fallback`` where there is none."""
+    if op.agg in ("min", "max") and math.prod(op.join_shape[op.out_rank :]) == 0:
+        return fallback  # numpy's error for an empty min/max stays numpy's
+    src = cbuild.source(op)
+    if src is None:
+        return fallback
+    with _pending_lock:
+        _pending[src.name] = src
+    return _Compiled(op, src, fallback)
+
+
+def flush() -> None:
+    """Build every kernel prepared and not yet built."""
+    with _pending_lock:
+        batch = list(_pending.values())
+        _pending.clear()
+    if batch:
+        cbuild.build(batch)
+
+
+class _Compiled:
+    """Calls the C function: pointers, the join's sizes, each operand's strides per join dim."""
+
+    def __init__(self, op: Einsummable, src: cbuild.Source, fallback: Body) -> None:
+        self.op, self.src, self.fallback = op, src, fallback
+        self.fn: ctypes._CFuncPtr | None = None
+        self.failed = False
+        self.dtypes = [to_numpy(d) for d in op.dtypes]
+        self.shapes = [tuple(op.join_shape[i] for i in idx) for idx in op.inputs]
+        self.sizes = (ctypes.c_int64 * max(1, op.rank))(*op.join_shape)
+        self.out_dtype = to_numpy(op.dtype)
+        self.acc_dtype = np.dtype(np.float32) if src.accumulate_f32 else self.out_dtype
+        self.out_shape = op.out_shape
+        self.pointers = ctypes.c_void_p * max(1, len(op.inputs))
+        self.strides: dict[tuple, ctypes.Array] = {}  # per operand strides: the C side reads them only
+        self.no_variables = (ctypes.c_double * 1)()
+
+    def __call__(self, arrays: Sequence[np.ndarray], variables: dict | None = None) -> np.ndarray:
+        fn = self.fn
+        if fn is None:
+            if self.failed:
+                return self.fallback(arrays, variables)
+            flush()
+            fn = self.fn = cbuild.function(self.src)
+            if fn is None:  # the build failed (warned once): numpy from now on
+                self.failed = True
+                return self.fallback(arrays, variables)
+        arrays = [self._operand(k, a) for k, a in enumerate(arrays)]
+        key = tuple(a.strides for a in arrays)
+        strides = self.strides.get(key)
+        if strides is None:
+            strides = self.strides[key] = self._strides(arrays)
+        names = self.src.variables
+        values = (ctypes.c_double * len(names))(*(_variable(n, variables) for n in names)) if names \
+            else self.no_variables
+        out = np.empty(self.out_shape, dtype=self.acc_dtype)
+        pointers = self.pointers(*(a.__array_interface__["data"][0] for a in arrays))
+        fn(pointers, self.sizes, strides, values, ctypes.c_void_p(out.__array_interface__["data"][0]))
+        return out.astype(self.out_dtype) if self.acc_dtype != self.out_dtype else out
+
+    def _operand(self, k: int, a: np.ndarray) -> np.ndarray:
+        dtype = self.dtypes[k]
+        if type(a) is not np.ndarray or a.dtype != dtype:  # a whole reduction may hand over a scalar
+            a = np.asarray(a, dtype=dtype)
+        if a.shape != self.shapes[k]:
+            raise ShapeError(f"operand {k} of {self.op.spec} has shape {a.shape}; expected {self.shapes[k]}")
+        if any(s % dtype.itemsize for s in a.strides):
+            a = np.ascontiguousarray(a)
+        return a
+
+    def _strides(self, arrays: list[np.ndarray]) -> ctypes.Array:
+        """Each operand's stride, in elements, along every join dim (0 where it has none)."""
+        rank = self.op.rank
+        out = (ctypes.c_int64 * max(1, len(arrays) * rank))()
+        for k, (a, idx) in enumerate(zip(arrays, self.op.inputs, strict=True)):
+            for pos, d in enumerate(idx):
+                out[k * rank + d] = a.strides[pos] // a.itemsize
+        return out
+
+
+def _variable(name: str, variables: dict | None) -> float:
+    if variables is None or name not in variables:
+        raise ExprError(f"run-time variable {name!r} was not given a value")
+    return float(variables[name])
