@@ -55,7 +55,7 @@ def write_chrome(events: Sequence[Event], path: str | Path,
 
 
 def write_gantt(events: Sequence[Event], path: str | Path, title: str = "timeline",
-                max_bars: int = 200_000) -> None:
+                lanes: dict[tuple[int, int], str] | None = None, max_bars: int = 200_000) -> None:
     """A Gantt chart, one row per (machine, worker), coloured by the kind of task (the name's first word).
     Above ``max_bars`` events only the longest are drawn, so a huge trace still renders."""
     import matplotlib
@@ -80,7 +80,7 @@ def write_gantt(events: Sequence[Event], path: str | Path, title: str = "timelin
                h.get_label() in colours}
     ax.legend(handles.values(), handles.keys(), loc="upper right", fontsize=7)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"m{p}/w{t}" for p, t in rows], fontsize=6)
+    ax.set_yticklabels([f"m{p} {(lanes or {}).get((p, t), f'w{t}')}" for p, t in rows], fontsize=6)
     ax.set_xlabel("ms")
     ax.set_title(title)
     ax.invert_yaxis()
@@ -123,7 +123,7 @@ def write(events: Sequence[Event], path: str | Path, lanes: dict[tuple[int, int]
     """``*.png``: a Gantt chart; anything else: Chrome trace JSON."""
     path = Path(path)
     if path.suffix.lower() == ".png":
-        write_gantt(events, path, title)
+        write_gantt(events, path, title, lanes)
     else:
         write_chrome(events, path, lanes)
     return path
