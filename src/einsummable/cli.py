@@ -286,12 +286,21 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         info = sim.to_dict() | {"model": args.model, "batch": args.batch, "seq": args.seq,
                                 "planner_step_seconds": plan.summary.step_seconds,
                                 "seconds": {"plan": planned - start, "lower": lowered - planned,
-                                            "simulate": done - lowered}}
+                                            "simulate": done - lowered},
+                                "peak_rss_bytes": _peak_rss()}
         Path(args.json).write_text(json.dumps(info, indent=1) + "\n")
     if args.trace:
         events, lanes = timeline.task_events(cg.tg, sim.sim.timeline)
         lanes = {k: "cores" if v == "core 0" else v for k, v in lanes.items()}  # a machine's cores, as one
         timeline.write(events, args.trace, lanes, f"predicted: {args.model} on {cluster}")
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes (Linux reports KiB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
