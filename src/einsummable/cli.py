@@ -255,6 +255,54 @@ def plan_cluster(args: argparse.Namespace) -> Cluster:
     return replace(cluster, **changes)
 
 
+def cmd_simulate(args: argparse.Namespace) -> None:
+    """Plan a Llama step, lower it at the machine level and replay it task by task (issue 17)."""
+    from einsummable.engines import simulate_cluster
+    from einsummable.engines import trace as timeline
+    from einsummable.errors import PlanError
+    from einsummable.lower.cluster import cluster_graph
+
+    if args.model not in PRESETS:
+        raise EinsummableError(f"unknown model {args.model!r}; name one of {sorted(PRESETS)}")
+    cfg, cluster = PRESETS[args.model], plan_cluster(args)
+    g = training_graph(cfg, args.batch, args.seq, args.optimizer).ir
+    print(f"{args.model} training step, batch {args.batch} x seq {args.seq}: {len(g)} graph nodes, "
+          f"on {cluster}")
+    start = time.perf_counter()
+    try:
+        plan = make_plan(g, cluster, args.planner, compare=False)
+    except PlanError as err:
+        print(f"einsummable: warning: {err}; simulating the plan that ignores memory", file=sys.stderr)
+        plan = make_plan(g, cluster, args.planner, compare=False, check_memory=False)
+    planned = time.perf_counter()
+    cg = cluster_graph(plan)
+    lowered = time.perf_counter()
+    sim = simulate_cluster.run(cg)
+    done = time.perf_counter()
+    print(sim)
+    print(f"  planner's prediction: {plan.summary.step_seconds:.3f} s; took: plan {planned - start:.1f} s, "
+          f"lower {lowered - planned:.1f} s, simulate {done - lowered:.1f} s")
+    if args.json:
+        info = sim.to_dict() | {"model": args.model, "batch": args.batch, "seq": args.seq,
+                                "planner_step_seconds": plan.summary.step_seconds,
+                                "seconds": {"plan": planned - start, "lower": lowered - planned,
+                                            "simulate": done - lowered},
+                                "peak_rss_bytes": _peak_rss()}
+        Path(args.json).write_text(json.dumps(info, indent=1) + "\n")
+    if args.trace:
+        events, lanes = timeline.task_events(cg.tg, sim.sim.timeline)
+        lanes = {k: "cores" if v == "core 0" else v for k, v in lanes.items()}  # a machine's cores, as one
+        timeline.write(events, args.trace, lanes, f"predicted: {args.model} on {cluster}")
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes (Linux reports KiB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
 def cmd_calibrate(args: argparse.Namespace) -> None:
     cluster = Cluster.measure(args.machines, args.cores)
     cluster.to_json(args.out)
@@ -325,6 +373,20 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--cores", type=int, default=None, help="cores per machine (default: all)")
     cal.add_argument("--out", default="cluster.json")
     cal.set_defaults(fn=cmd_calibrate)
+
+    simul = sub.add_parser("simulate", help="predict a Llama training step on a cluster, machine by machine")
+    simul.add_argument("--model", default="llama-7b", help=f"one of {sorted(PRESETS)}")
+    simul.add_argument("--cluster", help="a cluster JSON file, as written by einsummable calibrate")
+    simul.add_argument("--machines", type=int, default=None, help="default: the cluster file's, else 1")
+    simul.add_argument("--cores", type=int, default=None, help="default: the cluster file's, else 64")
+    simul.add_argument("--memory", default=None, help="memory per machine, e.g. 256GiB")
+    simul.add_argument("--optimizer", choices=["adamw", "none"], default="adamw")
+    simul.add_argument("--batch", type=int, default=8)
+    simul.add_argument("--seq", type=int, default=2048)
+    simul.add_argument("--planner", default="eindecomp")
+    simul.add_argument("--json", help="also write the figures to this JSON file")
+    simul.add_argument("--trace", help="write the predicted timeline: Chrome trace JSON, or *.png (Gantt)")
+    simul.set_defaults(fn=cmd_simulate)
 
     args = parser.parse_args(argv)
     try:

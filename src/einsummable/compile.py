@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from einsummable.engines import local, reference, sequential
 from einsummable.engines import simulate as simulator
+from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks
 from einsummable.engines.feeds import check_feeds, check_inputs
 from einsummable.errors import EinsummableError, FeedError, PlanError
@@ -49,9 +51,16 @@ class Program:
         self.executor = executor
         self.variables = graph.variables()
 
-    def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, object], trace: str | Path | None = None) -> dict[str, np.ndarray]:
+        """``trace="t.json"`` (local engine): also write each task's measured start and end per
+        worker, as a Chrome trace (Perfetto, chrome://tracing), or a Gantt chart for ``*.png``."""
         arrays, variables = check_feeds(self.graph, feeds, variables=self.variables)
-        return self.execute(arrays, variables)
+        if trace is None:
+            return self.execute(arrays, variables)
+        if not isinstance(self.executor, local.LocalProgram):
+            raise EinsummableError(f"trace= needs the local engine; this program runs on {self.engine!r} "
+                                   "(prog.simulate(trace=...) gives the predicted timeline)")
+        return self.executor.run(arrays, variables, trace=trace)
 
     def execute(self, arrays: Mapping[str, object], variables: dict[str, float],
                 carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
@@ -61,17 +70,22 @@ class Program:
                                    "the run")
         return self.executor.run(arrays, variables, carry)
 
-    def simulate(self, cluster: Cluster | None = None,
-                 feeds: Mapping[str, object] | None = None) -> simulator.Simulation:
+    def simulate(self, cluster: Cluster | None = None, feeds: Mapping[str, object] | None = None,
+                 trace: str | Path | None = None) -> simulator.Simulation:
         """Predict this program's run on ``cluster`` (default: the one it was planned for).
 
         ``feeds``, when given, are checked as ``run`` checks them; only their shapes matter.
+        ``trace``: write the predicted timeline there, as ``run(trace=...)`` writes the measured one.
         """
         if self.taskgraph is None or self.plan is None:
             raise EinsummableError(f"the {self.engine} engine runs the graph whole: no TaskGraph to simulate")
         if feeds is not None:
             check_feeds(self.graph, feeds, variables=self.variables)
-        return simulator.run(self.taskgraph, cluster or self.plan.cluster)
+        sim = simulator.run(self.taskgraph, cluster or self.plan.cluster)
+        if trace is not None:
+            events, lanes = timeline.task_events(self.taskgraph, sim.timeline)
+            timeline.write(events, trace, lanes, f"predicted: {sim.tasks:,} tasks on {sim.cluster}")
+        return sim
 
     def session(self, state: Mapping[str, np.ndarray]) -> Session:
         """Keep ``state`` (parameters, optimizer moments) resident between runs."""

@@ -20,11 +20,13 @@ import math
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from einsummable.engines import kernels, native, scheduler
+from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
@@ -165,6 +167,18 @@ PREPARE = {
 }
 
 
+def _timed(step, times: np.ndarray, i: int):
+    """``step`` that also writes its start and end (perf_counter seconds) into ``times[i]``."""
+
+    def run(args, feeds, variables):
+        times[i, 0] = time.perf_counter()
+        out = step(args, feeds, variables)
+        times[i, 1] = time.perf_counter()
+        return out
+
+    return run
+
+
 def task_cost(task) -> float:
     """A task's estimated work, for ranking ready tasks by critical path."""
     return float(task.op.flops()) if isinstance(task, ApplyTask) else float(np.prod(task.shape))
@@ -214,15 +228,21 @@ class LocalProgram:
         native.flush()  # the compiled kernels, built together, at prepare
 
     def run(self, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
-            carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
+            carry: frozenset[str] = frozenset(),
+            trace: str | Path | None = None) -> dict[str, np.ndarray | Blocks]:
         """Execute on ``tg.workers`` threads.
 
         Outputs named in ``carry`` come back as their blocks, unassembled, ready to
-        be fed to the next run; the others are assembled into arrays.
+        be fed to the next run; the others are assembled into arrays. ``trace``: write
+        each task's measured start and end per worker there (engines/trace.py: Chrome
+        trace JSON, or a Gantt chart for ``*.png``); without it nothing is recorded.
         """
         variables = variables or {}
         tasks, steps = self.tg.tasks, self.steps
         ticker = _Ticker(len(tasks))
+        times = np.zeros((len(tasks), 2)) if trace is not None else None
+        if times is not None:
+            steps, origin = [_timed(step, times, i) for i, step in enumerate(steps)], time.perf_counter()
         # several workers asking OpenBLAS for threads at once would queue on its one pool
         with _blas().limit(limits=_cores() if self.tg.workers == 1 else 1, user_api="blas"):
             try:
@@ -233,6 +253,10 @@ class LocalProgram:
                 )
             finally:
                 ticker.close()
+        if times is not None:
+            events, lanes = timeline.task_events(self.tg, times - origin, measured=True)
+            title = f"measured: {len(tasks):,} tasks on {self.tg.workers} worker(s)"
+            timeline.write(events, trace, lanes, title)
         result: dict[str, np.ndarray | Blocks] = {}
         for name, out in self.tg.outputs.items():
             if name in carry:

@@ -36,8 +36,8 @@ from __future__ import annotations
 import heapq
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -130,6 +130,8 @@ class Simulation:
     critical_path: tuple[int, ...]  # task ids, first to last
     critical_time: dict[str, float]  # seconds of the critical path per kind of step; sums to makespan
     critical_waits: int  # steps on the path that waited for a busy core or NIC, not for data
+    # [tasks, 2]: each task's start and end in seconds (a move across: on its NICs), for timelines
+    timeline: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def utilisation(self) -> tuple[float, ...]:
@@ -235,8 +237,11 @@ def _earliest_slot(now: float, d: float, out: _Port, into: _Port) -> tuple[float
             return t, blocker
 
 
-def run(tg: TaskGraph, cluster: Cluster) -> Simulation:
-    """Replay ``tg`` on ``cluster``: one heap of finish events, one ready heap per core."""
+def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = None) -> Simulation:
+    """Replay ``tg`` on ``cluster``: one heap of finish events, one ready heap per core.
+
+    ``durations`` replaces the per-task time rules (engines/simulate_cluster.py
+    costs a machine's whole block on its cores that way)."""
     if cluster.workers != tg.workers or cluster.cores != tg.cores:
         raise SimulationError(f"the TaskGraph is for {tg.workers} workers of {tg.cores} cores per machine, "
                               f"the cluster is {cluster}")
@@ -244,7 +249,9 @@ def run(tg: TaskGraph, cluster: Cluster) -> Simulation:
     loc = [task.loc for task in tg.tasks]
     inputs = [task.inputs for task in tg.tasks]
     nbytes = [_nbytes(task) for task in tg.tasks]
-    dur = _durations(tg, cluster, nbytes)
+    if durations is not None and len(durations) != n:
+        raise SimulationError(f"{len(durations)} durations for {n} tasks")
+    dur = list(durations) if durations is not None else _durations(tg, cluster, nbytes)
     is_move = [isinstance(task, MoveTask) for task in tg.tasks]
     across = [isinstance(task, MoveTask) and task.src // cores != task.loc // cores for task in tg.tasks]
     users: list[list[int]] = [[] for _ in range(n)]
@@ -341,7 +348,12 @@ def run(tg: TaskGraph, cluster: Cluster) -> Simulation:
                 live[loc[i] // cores] -= nbytes[i]
     if done != n:
         raise SimulationError(f"only {done} of {n} tasks could run: a cycle, or an input id out of order")
-    return _report(tg, cluster, finish, xfer_end, prev, waited, is_move, across, busy, peak, nbytes)
+    sim = _report(tg, cluster, finish, xfer_end, prev, waited, is_move, across, busy, peak, nbytes)
+    end = np.array(finish)
+    sent = np.array(across, dtype=bool)
+    end[sent] = np.array(xfer_end)[sent]
+    return replace(sim, timeline=np.stack([end - np.array(dur), np.array(finish)], axis=1) if n else
+                   np.zeros((0, 2)))
 
 
 def _durations(tg: TaskGraph, cluster: Cluster, nbytes: list[int]) -> list[float]:

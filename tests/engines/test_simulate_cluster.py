@@ -1,0 +1,76 @@
+"""The cluster-level simulation against the core-level one on the full lowering (the oracle)."""
+
+import itertools
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from einsummable.cli import training_graph
+from einsummable.engines import simulate, simulate_cluster
+from einsummable.hardware.cluster import Cluster
+from einsummable.lower.cluster import cluster_graph
+from einsummable.lower.lowering import lower
+from einsummable.lower.taskgraph import MoveTask
+from einsummable.models.llama.model import PRESETS
+from einsummable.plan.planners import make_plan
+
+CFG = replace(PRESETS["demo"], hidden_size=512, intermediate_size=1024, num_hidden_layers=1,
+              num_attention_heads=8, num_key_value_heads=8)
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return training_graph(CFG, 8, 128, "none").ir
+
+
+def test_with_one_core_per_machine_it_is_the_core_level_simulation(graph):
+    """cores = 1: the machine level is the whole plan, so both replays must agree exactly."""
+    cluster = Cluster(machines=2, cores=1)
+    plan = make_plan(graph, cluster, compare=False)
+    cg = cluster_graph(plan)
+    tg = lower(plan)
+    full = simulate.run(tg, cluster)
+    got = simulate_cluster.run(cg)
+    assert got.machine_tasks == len(tg.tasks)
+    assert got.makespan == pytest.approx(full.makespan, rel=1e-9)
+    assert got.sim.bytes_across == full.bytes_across > 0
+    assert got.sim.peak_memory == full.peak_memory
+
+
+def test_machines_of_cores_stay_close_to_the_core_level_simulation(graph):
+    cluster = Cluster(machines=2, cores=4)
+    plan = make_plan(graph, cluster, compare=False)
+    cg = cluster_graph(plan)
+    cg.tg.validate()
+    assert cg.tg.workers == 2
+    moves = [t for t in cg.tg.tasks if isinstance(t, MoveTask)]
+    assert moves and all(t.src != t.loc for t in moves)  # every move crosses a NIC
+    tg = lower(plan)
+    assert len(cg.tg.tasks) < len(tg.tasks)
+    full = simulate.run(tg, cluster)
+    got = simulate_cluster.run(cg)
+    assert got.makespan == pytest.approx(full.makespan, rel=0.25)
+    # the core-level blocks counted are the plan's blocks of its live nodes
+    assert cg.core_blocks == sum(p.num_blocks for v, p in enumerate(plan.parts)
+                                 if graph.live()[v] and type(graph.nodes[v]).__name__ != "Fill")
+    out, into = got.nic_bytes()
+    assert out.sum() == into.sum() == got.sim.bytes_across
+    d = got.to_dict()
+    assert d["tasks"]["machine_level"] == len(cg.tg.tasks) and d["step_seconds"] == got.makespan
+
+
+def test_timeline_spans_every_task_within_the_makespan(graph):
+    plan = make_plan(graph, Cluster(machines=2, cores=2), compare=False)
+    sim = simulate_cluster.run(cluster_graph(plan)).sim
+    tl = sim.timeline
+    assert tl.shape == (sim.tasks, 2)
+    assert (tl[:, 0] >= 0).all() and (tl[:, 1] >= tl[:, 0]).all()
+    assert tl[:, 1].max() == pytest.approx(sim.makespan)
+    # a machine runs one task at a time: its compute intervals never overlap
+    tasks = cluster_graph(plan).tg.tasks
+    for m in range(2):
+        spans = sorted(tuple(tl[t]) for t, task in enumerate(tasks)
+                       if task.loc == m and not isinstance(task, MoveTask))
+        assert all(a[1] <= b[0] + 1e-12 for a, b in itertools.pairwise(spans))
+    assert np.isfinite(tl).all()
