@@ -93,3 +93,11 @@ def test_user_errors_are_one_line_with_exit_status_2_and_debug_shows_the_traceba
                     "simulate engine computes nothing", "--engine local")
     debug = run("plan", "--model", "tiny", "--cluster", configs["missing"], "--debug")
     assert debug.returncode != 0 and "Traceback" in debug.stderr and "FileNotFoundError" in debug.stderr
+
+
+def test_without_matplotlib_the_loss_plot_is_skipped_with_a_one_line_notice(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    assert cli.plot_losses([3.0, 2.0, 1.0], tmp_path / "loss.png") is None
+    assert not (tmp_path / "loss.png").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matplotlib is not installed" in err[0] and "einsummable[demo]" in err[0]

@@ -57,7 +57,7 @@ def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:
             if trainer.step % save_every == 0 or trainer.step == cfg.steps:
                 trainer.save(out)
     plot = plot_losses(trainer.losses, out / "loss.png")
-    print(f"saved the model, optimizer state and {plot.name} to {out}/")
+    print(f"saved the model, optimizer state{f' and {plot.name}' if plot else ''} to {out}/")
 
 
 def _summary(plan: Plan | None) -> str:
@@ -66,8 +66,15 @@ def _summary(plan: Plan | None) -> str:
     return report.brief(plan)
 
 
-def plot_losses(losses: list[float], path: Path) -> Path:
-    import matplotlib
+def plot_losses(losses: list[float], path: Path) -> Path | None:
+    """The loss curve as a PNG; matplotlib is an optional extra, so without it a one-line
+    notice and no plot."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("einsummable: no loss plot: matplotlib is not installed (pip install 'einsummable[demo]')",
+              file=sys.stderr)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

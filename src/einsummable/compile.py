@@ -13,6 +13,7 @@ from einsummable.engines import local, reference, sequential
 from einsummable.engines import simulate as simulator
 from einsummable.engines.blocks import Blocks
 from einsummable.engines.feeds import check_feeds, check_inputs
+from einsummable.engines.interop import convert
 from einsummable.errors import EinsummableError, FeedError, PlanError
 from einsummable.frontend.core import Graph
 from einsummable.hardware.cluster import Cluster
@@ -49,9 +50,15 @@ class Program:
         self.executor = executor
         self.variables = graph.variables()
 
-    def run(self, feeds: Mapping[str, object]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, object], like: str | None = None) -> dict[str, object]:
+        """Run on ``feeds`` (name -> numpy array, or any array with ``__dlpack__`` or
+        ``__array__``, such as a torch tensor; run-time variables are numbers) and return the
+        outputs by name: numpy arrays, or torch tensors sharing their memory with ``like="torch"``.
+
+            out = prog.run({"x": torch.randn(4, 3), "lr": 1e-3}, like="torch")
+        """
         arrays, variables = check_feeds(self.graph, feeds, variables=self.variables)
-        return self.execute(arrays, variables)
+        return convert(self.execute(arrays, variables), like)
 
     def execute(self, arrays: Mapping[str, object], variables: dict[str, float],
                 carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
@@ -107,9 +114,11 @@ class Session:
         self._carry = frozenset(self._state) & set(program.graph.outputs)
         self._lock = threading.Lock()
 
-    def run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None = None,
+            like: str | None = None) -> dict[str, object]:
+        """As ``Program.run``, with the resident inputs left out; ``fetch`` names the outputs wanted."""
         with self._lock:
-            return self._run(feeds, fetch)
+            return convert(self._run(feeds, fetch), like)
 
     def _run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None) -> dict[str, np.ndarray]:
         clash = sorted(set(feeds) & set(self._state))
