@@ -85,7 +85,8 @@ class Graph:
         return to_dot(self.ir)
 
     def render(self, path: str) -> str:
-        """Draw the graph to an .svg/.png with Graphviz, or write .dot text without it."""
+        """Draw the graph to an .svg/.png/.pdf with Graphviz; without it, warn once and write
+        the DOT text to ``path + ".dot"``. Returns the path written."""
         return str(render(to_dot(self.ir), path))
 
 
