@@ -176,6 +176,16 @@ class Tensor:
     def __bool__(self):
         raise GraphError("a Tensor has no truth value until the graph runs; use where(...) in a join")
 
+    def __len__(self) -> int:
+        if not self.shape:
+            raise ShapeError("len() of a 0-d Tensor")
+        return self.shape[0]
+
+    def __array_function__(self, func, types, args, kwargs):
+        from einsummable.frontend.numpy_api import dispatch
+
+        return dispatch(func, args, kwargs)
+
     # reductions
     def sum(self, axis=None, keepdims: bool = False) -> Tensor:
         return reduce(self, axis, "add", keepdims=keepdims)
