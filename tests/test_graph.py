@@ -271,3 +271,21 @@ def test_select_reads_rebuild_any_block_of_the_output(seed):
     for _, (k, src), dst in node.reads(box):
         got[slices(dst)] = feeds[names[k]][slices(src)]
     np.testing.assert_array_equal(got, want[slices(box)])
+
+
+def test_render_without_graphviz_warns_once_and_names_the_file_it_wrote(tmp_path, monkeypatch):
+    from einsummable.ir import dot
+
+    monkeypatch.setattr(dot.shutil, "which", lambda name: None)
+    monkeypatch.setattr(dot, "_warned", False)
+    g = es.Graph()
+    g.output("y", es.nn.softmax(g.input("x", (2, 3))))
+    with pytest.warns(UserWarning, match="Graphviz") as caught:
+        svg = g.render(tmp_path / "graph.svg")
+        png = g.render(tmp_path / "graph.png")
+    assert len(caught) == 1
+    assert svg != png and {Path(svg).name, Path(png).name} == {"graph.svg.dot", "graph.png.dot"}
+    assert Path(svg).read_text() == Path(png).read_text() == g.to_dot()
+    assert g.render(tmp_path / "g.dot") == str(tmp_path / "g.dot")
+    with pytest.raises(es.GraphError, match=r"\.svg"):
+        g.render(tmp_path / "graph.jpg")

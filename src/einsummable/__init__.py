@@ -1,6 +1,9 @@
 """Einsummable: say what to compute in an extended einsum language; the system plans,
 decomposes and runs it."""
 
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
+
 from einsummable import train
 from einsummable.autodiff import grad
 from einsummable.compile import Program, compile, simulate
@@ -38,6 +41,11 @@ from einsummable.frontend.core import (
 )
 from einsummable.frontend.einsum import einsum, matmul
 from einsummable.hardware.cluster import Cluster
+
+try:
+    __version__ = _version("einsummable")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "AutodiffError",

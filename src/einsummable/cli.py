@@ -1,4 +1,4 @@
-"""The ``einsummable`` command: demo, train, generate and plan.
+"""The einsummable command: train, sample and plan Llama models from the shell.
 
 Configuration is read here and nowhere else; everything below is plain arguments.
 """
@@ -57,7 +57,7 @@ def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:
             if trainer.step % save_every == 0 or trainer.step == cfg.steps:
                 trainer.save(out)
     plot = plot_losses(trainer.losses, out / "loss.png")
-    print(f"saved the model, optimizer state and {plot.name} to {out}/")
+    print(f"saved the model, optimizer state{f' and {plot.name}' if plot else ''} to {out}/")
 
 
 def _summary(plan: Plan | None) -> str:
@@ -66,8 +66,15 @@ def _summary(plan: Plan | None) -> str:
     return report.brief(plan)
 
 
-def plot_losses(losses: list[float], path: Path) -> Path:
-    import matplotlib
+def plot_losses(losses: list[float], path: Path) -> Path | None:
+    """The loss curve as a PNG; matplotlib is an optional extra, so without it a one-line
+    notice and no plot."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("einsummable: no loss plot: matplotlib is not installed (pip install 'einsummable[demo]')",
+              file=sys.stderr)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -312,89 +319,164 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
           f"{cluster.memory_per_machine / 2**30:.0f} GiB per machine; wrote {args.out}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="einsummable", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+class _Help(argparse.RawDescriptionHelpFormatter):
+    """Help that shows each flag's default (when it has one worth showing) and keeps the
+    description's line breaks."""
 
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--workers", type=int, default=None, help="workers (default: all cores)")
-        p.add_argument("--engine", default=None, help="reference, or another compiled engine")
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        hidden = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        shown = action.option_strings and not hidden
+        if shown and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
 
-    demo = sub.add_parser("demo", help="train a small byte-level Llama on the bundled corpus, then sample")
-    demo.add_argument("--steps", type=int, default=DEMO_TRAIN.steps)
-    demo.add_argument("--out", default="einsummable-demo")
-    common(demo)
+
+def _engine_help(p: argparse.ArgumentParser) -> None:
+    from einsummable.compile import DEFAULT_ENGINE, ENGINES
+
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="workers (default: all cores)")
+    p.add_argument("--engine", default=None, choices=sorted(ENGINES), help=(
+        f"the engine that runs the program (default: {DEFAULT_ENGINE}; reference runs every node whole "
+        "with numpy; simulate only predicts a run, so it is for plan and the Python API)"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``einsummable`` argument parser (every flag with help, its default and its choices)."""
+    from einsummable.plan.planners import PLANNERS
+
+    parser = argparse.ArgumentParser(prog="einsummable", formatter_class=_Help,
+                                     usage="%(prog)s [-h] [--version] [--debug] COMMAND ...")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--debug", action="store_true",
+                        help="on an error, show the full traceback rather than a one-line message")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS)
+
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=text, description=text, formatter_class=_Help)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="on an error, show the full traceback rather than a one-line message")
+        return p
+
+    demo = command("demo", "train a small byte-level Llama on the bundled corpus, then sample")
+    demo.add_argument("--steps", type=int, default=DEMO_TRAIN.steps, metavar="N", help="training steps")
+    demo.add_argument("--out", default="einsummable-demo", metavar="DIR",
+                      help="where the model, optimizer state and loss plot go")
+    _engine_help(demo)
     demo.set_defaults(fn=cmd_demo)
 
-    train = sub.add_parser("train", help="train a Llama on a text file (byte-level)")
-    train.add_argument("--config", help='JSON: {"model": {...LlamaConfig}, "train": {...TrainConfig}}')
-    train.add_argument("--data", help="a text file (default: the bundled corpus; with --resume, the data the "
-                                      "checkpoint trained on, which must be unchanged)")
-    train.add_argument("--resume", help="a checkpoint directory written by train or demo")
+    train = command("train", "train a Llama on a text file (byte-level)")
+    train.add_argument("--config", metavar="FILE",
+                       help='JSON: {"model": {...LlamaConfig}, "train": {...TrainConfig}}')
+    train.add_argument("--data", metavar="FILE", help=(
+        "a text file (default: the bundled corpus; with --resume, the data the "
+        "checkpoint trained on, which must be unchanged)"))
+    train.add_argument("--resume", metavar="DIR", help="a checkpoint directory written by train or demo")
     train.add_argument("--steps", type=int, default=None, metavar="N", help=(
         "the step to train up to (a total, not a count of more steps): a new run trains N steps; with "
         "--resume the run goes on from its checkpoint's step to step N, the cosine schedule stretched to "
         "end at N (default: the config's, or the checkpoint's)"))
-    train.add_argument("--out", default=None, help=(
+    train.add_argument("--out", default=None, metavar="DIR", help=(
         "the checkpoint directory (default: einsummable-run; with --resume, the resumed one)"))
-    common(train)
+    _engine_help(train)
     train.set_defaults(fn=cmd_train)
 
-    gen = sub.add_parser("generate", help="sample from a saved model")
-    gen.add_argument("--model", required=True, help="a directory with config.json and model.safetensors")
-    gen.add_argument("--prompt", required=True)
-    gen.add_argument("--max-new-tokens", type=int, default=100)
-    gen.add_argument("--temperature", type=float, default=0.8)
-    gen.add_argument("--top-p", type=float, default=0.9)
-    gen.add_argument("--seed", type=int, default=0)
-    common(gen)
+    gen = command("generate", "sample from a saved model")
+    gen.add_argument("--model", required=True, metavar="DIR",
+                     help="a directory with config.json and model.safetensors (required)")
+    gen.add_argument("--prompt", required=True, help="the text to continue (required)")
+    gen.add_argument("--max-new-tokens", type=int, default=100, metavar="N", help="tokens to sample")
+    gen.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy")
+    gen.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling: the probability mass kept")
+    gen.add_argument("--seed", type=int, default=0, help="the sampler's random seed")
+    _engine_help(gen)
     gen.set_defaults(fn=cmd_generate)
 
-    plan = sub.add_parser("plan", help="show the EinDecomp plan of a Llama for a cluster, without running it")
+    plan = command("plan", "show the EinDecomp plan of a Llama for a cluster, without running it")
     plan.add_argument("--model", default="llama-7b", help=f"one of {sorted(PRESETS)}, or a config.json")
-    plan.add_argument("--cluster", help="a cluster JSON file, as written by einsummable calibrate")
+    plan.add_argument("--cluster", metavar="FILE",
+                      help="a cluster JSON file, as written by einsummable calibrate")
     plan.add_argument("--machines", type=int, default=None, help="default: the cluster file's, else 1")
     plan.add_argument("--cores", type=int, default=None, help="default: the cluster file's, else 64")
     plan.add_argument("--memory", default=None,
                       help="memory per machine, e.g. 256GiB (default: the cluster's)")
     plan.add_argument("--optimizer", choices=["adamw", "none"], default="adamw",
                       help="train mode: include AdamW's update and moments, or stop at the gradients")
-    plan.add_argument("--batch", type=int, default=8)
-    plan.add_argument("--seq", type=int, default=2048)
-    plan.add_argument("--mode", choices=["train", "infer"], default="train")
-    plan.add_argument("--planner", default="eindecomp")
+    plan.add_argument("--batch", type=int, default=8, help="sequences per step")
+    plan.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
+    plan.add_argument("--mode", choices=["train", "infer"], default="train",
+                      help="a training step (forward, backward, optimizer) or a forward pass")
+    plan.add_argument("--planner", default="eindecomp", choices=list(PLANNERS),
+                      help="eindecomp, or an expert baseline to compare with")
     plan.add_argument("--full", action="store_true", help="one line per node, not just the summary")
     plan.add_argument("--compare", choices=["auto", "yes", "no"], default="auto",
                       help=f"also plan every baseline (auto: up to {COMPARE_UP_TO} workers)")
     plan.set_defaults(fn=cmd_plan)
 
-    cal = sub.add_parser("calibrate", help="measure this machine's rates and write a cluster JSON file")
+    cal = command("calibrate", "measure this machine's rates and write a cluster JSON file")
     cal.add_argument("--machines", type=int, default=1, help="machines like this one in the cluster")
     cal.add_argument("--cores", type=int, default=None, help="cores per machine (default: all)")
-    cal.add_argument("--out", default="cluster.json")
+    cal.add_argument("--out", default="cluster.json", metavar="FILE", help="the file to write")
     cal.set_defaults(fn=cmd_calibrate)
 
-    simul = sub.add_parser("simulate", help="predict a Llama training step on a cluster, machine by machine")
+    simul = command("simulate", "predict a Llama training step on a cluster, machine by machine")
     simul.add_argument("--model", default="llama-7b", help=f"one of {sorted(PRESETS)}")
-    simul.add_argument("--cluster", help="a cluster JSON file, as written by einsummable calibrate")
+    simul.add_argument("--cluster", metavar="FILE",
+                       help="a cluster JSON file, as written by einsummable calibrate")
     simul.add_argument("--machines", type=int, default=None, help="default: the cluster file's, else 1")
     simul.add_argument("--cores", type=int, default=None, help="default: the cluster file's, else 64")
-    simul.add_argument("--memory", default=None, help="memory per machine, e.g. 256GiB")
-    simul.add_argument("--optimizer", choices=["adamw", "none"], default="adamw")
-    simul.add_argument("--batch", type=int, default=8)
-    simul.add_argument("--seq", type=int, default=2048)
-    simul.add_argument("--planner", default="eindecomp")
-    simul.add_argument("--json", help="also write the figures to this JSON file")
-    simul.add_argument("--trace", help="write the predicted timeline: Chrome trace JSON, or *.png (Gantt)")
+    simul.add_argument("--memory", default=None,
+                       help="memory per machine, e.g. 256GiB (default: the cluster's)")
+    simul.add_argument("--optimizer", choices=["adamw", "none"], default="adamw",
+                       help="include AdamW's update and moments, or stop at the gradients")
+    simul.add_argument("--batch", type=int, default=8, help="sequences per step")
+    simul.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
+    simul.add_argument("--planner", default="eindecomp", choices=list(PLANNERS),
+                       help="eindecomp, or an expert baseline to compare with")
+    simul.add_argument("--json", metavar="FILE", help="also write the figures to this JSON file")
+    simul.add_argument("--trace", metavar="FILE",
+                       help="write the predicted timeline: Chrome trace JSON, or *.png (Gantt)")
     simul.set_defaults(fn=cmd_simulate)
 
-    args = parser.parse_args(argv)
+    width = max(len(a.dest) for a in sub._choices_actions)
+    commands = "\n".join(f"  {a.dest:<{width}}  {a.help}" for a in sub._choices_actions)
+    parser.description = (f"{__doc__.splitlines()[0]}\n\ncommands:\n{commands}\n\n"
+                          "`einsummable COMMAND --help` shows a command's flags.")
+    return parser
+
+
+def _version() -> str:
+    from einsummable import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a command; a user's error is one line on stderr and exit status 2 (``--debug``: the
+    traceback too)."""
+    args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "engine", None) == "simulate":
+            raise EinsummableError(f"{args.command} --engine simulate: the simulate engine computes "
+                                   "nothing, it only predicts a run; `einsummable plan` shows the "
+                                   "prediction, and --engine local runs it")
         args.fn(args)
-    except EinsummableError as err:
-        print(f"einsummable: error: {err}", file=sys.stderr)
+    except (EinsummableError, OSError) as err:
+        if args.debug:
+            raise
+        print(f"einsummable: error: {_one_line(err)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("einsummable: interrupted", file=sys.stderr)
+        return 130
     return 0
+
+
+def _one_line(err: BaseException) -> str:
+    """An OSError as "path: reason" (no errno, no traceback); our own errors as written."""
+    if isinstance(err, OSError) and err.strerror:
+        return f"{err.filename}: {err.strerror}" if err.filename else err.strerror
+    return str(err)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from einsummable.engines import simulate as simulator
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks
 from einsummable.engines.feeds import check_feeds, check_inputs
+from einsummable.engines.interop import convert
 from einsummable.errors import EinsummableError, FeedError, PlanError
 from einsummable.frontend.core import Graph
 from einsummable.hardware.cluster import Cluster
@@ -51,16 +52,24 @@ class Program:
         self.executor = executor
         self.variables = graph.variables()
 
-    def run(self, feeds: Mapping[str, object], trace: str | Path | None = None) -> dict[str, np.ndarray]:
-        """``trace="t.json"`` (local engine): also write each task's measured start and end per
-        worker, as a Chrome trace (Perfetto, chrome://tracing), or a Gantt chart for ``*.png``."""
+    def run(self, feeds: Mapping[str, object], like: str | None = None,
+            trace: str | Path | None = None) -> dict[str, object]:
+        """Run on ``feeds`` (name -> numpy array, or any array with ``__dlpack__`` or
+        ``__array__``, such as a torch tensor; run-time variables are numbers) and return the
+        outputs by name: numpy arrays, or torch tensors sharing their memory with ``like="torch"``.
+
+            out = prog.run({"x": torch.randn(4, 3), "lr": 1e-3}, like="torch")
+
+        ``trace="t.json"`` (local engine): also write each task's measured start and end per
+        worker, as a Chrome trace (Perfetto, chrome://tracing), or a Gantt chart for ``*.png``.
+        """
         arrays, variables = check_feeds(self.graph, feeds, variables=self.variables)
         if trace is None:
-            return self.execute(arrays, variables)
+            return convert(self.execute(arrays, variables), like)
         if not isinstance(self.executor, local.LocalProgram):
             raise EinsummableError(f"trace= needs the local engine; this program runs on {self.engine!r} "
                                    "(prog.simulate(trace=...) gives the predicted timeline)")
-        return self.executor.run(arrays, variables, trace=trace)
+        return convert(self.executor.run(arrays, variables, trace=trace), like)
 
     def execute(self, arrays: Mapping[str, object], variables: dict[str, float],
                 carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
@@ -121,9 +130,11 @@ class Session:
         self._carry = frozenset(self._state) & set(program.graph.outputs)
         self._lock = threading.Lock()
 
-    def run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None = None,
+            like: str | None = None) -> dict[str, object]:
+        """As ``Program.run``, with the resident inputs left out; ``fetch`` names the outputs wanted."""
         with self._lock:
-            return self._run(feeds, fetch)
+            return convert(self._run(feeds, fetch), like)
 
     def _run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None) -> dict[str, np.ndarray]:
         clash = sorted(set(feeds) & set(self._state))

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from einsummable.engines.interop import as_array
 from einsummable.errors import FeedError
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.graph import EinGraph, InputNode
@@ -100,6 +101,7 @@ def _check_class_ids(graph: EinGraph, arrays: Mapping[str, np.ndarray]) -> None:
 
 def _check_array(name: str, node: InputNode, value: object) -> np.ndarray:
     want = to_numpy(node.dtype)
+    value = as_array(name, value)
     if isinstance(value, int | float) and not isinstance(value, bool) and node.shape == ():
         try:
             return np.asarray(value, dtype=want)
@@ -107,8 +109,8 @@ def _check_array(name: str, node: InputNode, value: object) -> np.ndarray:
             raise FeedError(f"input {name!r} is {_digits(value)}, too large for {node.dtype}") from None
     if not isinstance(value, np.ndarray):
         raise FeedError(
-            f"input {name!r} must be a numpy array of {node.dtype}{list(node.shape)}, "
-            f"got {type(value).__name__}"
+            f"input {name!r} must be an array of {node.dtype}{list(node.shape)} (numpy, or anything "
+            f"with __dlpack__ or __array__, such as a torch tensor), got {type(value).__name__}"
         )
     if value.shape != node.shape:
         raise FeedError(f"input {name!r} has shape {value.shape}, expected {node.shape}")

@@ -89,7 +89,8 @@ class Graph:
         return to_dot(self.ir)
 
     def render(self, path: str) -> str:
-        """Draw the graph to an .svg/.png with Graphviz, or write .dot text without it."""
+        """Draw the graph to an .svg/.png/.pdf with Graphviz; without it, warn once and write
+        the DOT text to ``path + ".dot"``. Returns the path written."""
         return str(render(to_dot(self.ir), path))
 
 
@@ -188,6 +189,16 @@ class Tensor:
 
     def __bool__(self):
         raise GraphError("a Tensor has no truth value until the graph runs; use where(...) in a join")
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise ShapeError("len() of a 0-d Tensor")
+        return self.shape[0]
+
+    def __array_function__(self, func, types, args, kwargs):
+        from einsummable.frontend.numpy_api import dispatch
+
+        return dispatch(func, args, kwargs)
 
     # reductions
     def sum(self, axis=None, keepdims: bool = False) -> Tensor:

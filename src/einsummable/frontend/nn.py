@@ -96,9 +96,14 @@ def log_softmax(x: Tensor, axis: int = -1) -> Tensor:
     return einsum(f"{full},{red},{red}->{full}", x, m, s, join=join)
 
 
-def logsumexp(x: Tensor, axis: int = -1) -> Tensor:
-    """log(sum(exp(x))) over ``axis``: -inf for a row of -inf alone, as torch gives."""
-    return _logsumexp(x, axis, x.dtype)
+def logsumexp(x: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
+    """log(sum(exp(x))) over ``axis``: -inf for a row of -inf alone, as torch gives;
+    ``keepdims`` keeps ``axis`` as size 1, to broadcast back against ``x``."""
+    out = _logsumexp(x, axis, x.dtype)
+    if not keepdims:
+        return out
+    a = _axes(axis, x.ndim)[0]
+    return out.reshape((*x.shape[:a], 1, *x.shape[a + 1 :]))
 
 
 def _logsumexp(x: Tensor, axis: int, dtype: str) -> Tensor:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
+from einsummable.errors import GraphError
 from einsummable.ir import scalar
 from einsummable.ir.graph import EinGraph, EinsumNode, InputNode
 
+RENDERED = (".svg", ".png", ".pdf")
+_warned = False  # the missing-Graphviz warning is given once per process
 _COLOURS = {"InputNode": "lightblue", "EinsumNode": "lightyellow", "Formation": "orange"}
 
 
@@ -40,15 +44,26 @@ def _escape(text: str) -> str:
 
 
 def render(dot_text: str, path: str | Path) -> Path:
-    """Write ``path`` (.svg or .png) with Graphviz, or the DOT text beside it without Graphviz.
-
-    Returns the path actually written.
+    """Write ``path`` (.svg, .png or .pdf) with Graphviz; without Graphviz, warn (once) and
+    write the DOT text to ``path`` + ".dot" (``graph.svg.dot``, so that an svg and a png never
+    share a file). A ``.dot`` path gets the DOT text. Returns the path actually written.
     """
+    global _warned
     path = Path(path)
+    if path.suffix == ".dot":
+        path.write_text(dot_text)
+        return path
+    if path.suffix not in RENDERED:
+        raise GraphError(f"cannot render {path}: expected a file ending in {', '.join(RENDERED)} or .dot")
     exe = shutil.which("dot")
-    if exe is None or path.suffix not in (".svg", ".png"):
-        out = path.with_suffix(".dot")
+    if exe is None:
+        out = path.with_name(path.name + ".dot")
         out.write_text(dot_text)
+        if not _warned:
+            _warned = True
+            warnings.warn(f"Graphviz's `dot` is not installed, so {path.name} was not drawn: wrote the "
+                          f"DOT text to {out} instead (install graphviz to get {path.suffix} files)",
+                          stacklevel=3)
         return out
     subprocess.run([exe, f"-T{path.suffix[1:]}", "-o", str(path)], input=dot_text.encode(), check=True)
     return path

@@ -1,45 +1,65 @@
 """Dtype names used throughout the IRs and their numpy counterparts.
 
 Dtypes are short strings ("f32", "bf16", ...) so that IR text stays readable and
-nodes stay hashable. bf16 comes from ``ml_dtypes``.
+nodes stay hashable. bf16 comes from ``ml_dtypes``, imported on first use: it takes
+most of a second to import, and planning, printing and simulating never need it.
 """
 
-import ml_dtypes
+from functools import cache
+
 import numpy as np
 
 from einsummable.errors import DtypeError
 
-NUMPY: dict[str, np.dtype] = {
-    "bool": np.dtype(np.bool_),
-    "f16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
-    "f32": np.dtype(np.float32),
-    "f64": np.dtype(np.float64),
-    "c64": np.dtype(np.complex64),
+# short name -> the numpy dtype's name (ml_dtypes names bf16 "bfloat16")
+NAMES: dict[str, str] = {
+    "bool": "bool",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "f32": "float32",
+    "f64": "float64",
+    "c64": "complex64",
 }
-DTYPES = tuple(NUMPY)
+DTYPES = tuple(NAMES)
 FLOATS = ("f16", "bf16", "f32", "f64")
 COMPLEX = ("c64",)
 DEFAULT = "f32"
-_BY_NUMPY = {v: k for k, v in NUMPY.items()}
+_ITEMSIZE = {"bool": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8}
+_BY_NAME = {v: k for k, v in NAMES.items()}
 _REAL_OF = {"c64": "f32"}
 
 
+@cache
+def _numpy() -> dict[str, np.dtype]:
+    import ml_dtypes
+
+    return {k: np.dtype(ml_dtypes.bfloat16 if k == "bf16" else v) for k, v in NAMES.items()}
+
+
 def canonical(dtype: object) -> str:
-    """Accept "f32", np.float32, np.dtype("float32") or "float32"; return the short name."""
-    if isinstance(dtype, str) and dtype in NUMPY:
-        return dtype
+    """Accept "f32", "float32", np.float32, np.dtype("float32"), torch.float32 or
+    jnp.bfloat16; return the short name."""
+    if isinstance(dtype, str):
+        if dtype in NAMES:
+            return dtype
+        if dtype.removeprefix("torch.") in _BY_NAME:
+            return _BY_NAME[dtype.removeprefix("torch.")]
+    elif type(dtype).__module__ == "torch":  # torch.dtype, without importing torch
+        name = str(dtype).removeprefix("torch.")
+        if name in _BY_NAME:
+            return _BY_NAME[name]
     try:
         np_dtype = np.dtype(dtype)
     except TypeError:
         np_dtype = None
-    if np_dtype is not None and np_dtype in _BY_NUMPY:
-        return _BY_NUMPY[np_dtype]
-    raise DtypeError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    if np_dtype is not None and np_dtype.name in _BY_NAME:
+        return _BY_NAME[np_dtype.name]
+    raise DtypeError(f"unsupported dtype {dtype!r}; expected one of {', '.join(DTYPES)} "
+                     "(or the numpy or torch dtype of one)")
 
 
-def to_numpy(dtype: str) -> np.dtype:
-    return NUMPY[canonical(dtype)]
+def to_numpy(dtype: object) -> np.dtype:
+    return _numpy()[canonical(dtype)]
 
 
 def real_of(dtype: str) -> str:
@@ -48,4 +68,4 @@ def real_of(dtype: str) -> str:
 
 
 def itemsize(dtype: str) -> int:
-    return NUMPY[dtype].itemsize
+    return _ITEMSIZE[dtype]

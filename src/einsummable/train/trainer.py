@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from einsummable.models.llama import model as llama
 from einsummable.models.llama import safetensors_io, weights
 from einsummable.models.llama.data import load_data
 from einsummable.models.llama.model import LlamaConfig
+from einsummable.progress import Progress
 from einsummable.train import checkpoint
 from einsummable.train.grads import grad_name, output_gradients
 from einsummable.train.optim import STEP, TrainStep, adamw
@@ -192,6 +195,26 @@ class Trainer:
         self.step += 1
         self.losses.append(loss)
         return loss
+
+    def fit(self, until: int | None = None, *, callback: Callable[[Trainer, float], object] | None = None,
+            progress: bool = False) -> list[float]:
+        """Train up to step ``until`` (default: the config's ``steps``), calling
+        ``callback(trainer, loss)`` after each step (a callback that returns ``False`` stops
+        the run there); ``progress`` shows a bar with the loss and an ETA on stderr.
+        Returns the losses of the steps it ran.
+
+            trainer.fit(callback=lambda t, loss: t.step % 100 or t.save("run"), progress=True)
+        """
+        end = self.cfg.steps if until is None else until
+        losses: list[float] = []
+        with Progress(max(0, end - self.step), "train", unit="step") if progress else nullcontext() as bar:
+            while self.step < end:
+                losses.append(self.train_step())
+                if bar is not None:
+                    bar.update(1, loss=losses[-1])
+                if callback is not None and callback(self, losses[-1]) is False:
+                    break
+        return losses
 
     # ------------------------------------------------------------ checkpoints
 
