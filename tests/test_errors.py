@@ -65,7 +65,7 @@ def test_a_run_of_1000_unary_minuses_keeps_its_parity():
     "exp(" * 150 + "x0" + ")" * 150,
     " / ".join(["x0"] * 1000),
     "x0 * (1 + " * 120 + "x0" + ")" * 120,
-])
+], ids=["nested-calls", "division-chain", "horner"])
 def test_deep_nesting_is_an_expr_error_naming_the_limit(join):
     g = es.Graph()
     x = g.input("x", (3,))

@@ -7,10 +7,7 @@ nodes are made, so a mistake surfaces at the line that wrote it.
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
-
-import numpy as np
 
 from einsummable.errors import DtypeError, GraphError, ShapeError
 from einsummable.ir import scalar
@@ -33,6 +30,7 @@ from einsummable.ir.graph import (
     Reshape,
     Select,
     Tril,
+    to_shape,
 )
 from einsummable.ir.syntax import check_variable_name
 
@@ -46,14 +44,14 @@ class Graph:
         self.ir = EinGraph()
 
     def input(self, name: str, shape: Sequence[int], dtype: str = DEFAULT) -> Tensor:
-        return self._add(InputNode(name, _shape(shape), canonical(dtype)))
+        return self._add(InputNode(name, to_shape(shape), canonical(dtype)))
 
     def output(self, name: str, t: Tensor) -> None:
         self._own(t)
         self.ir.set_output(name, t.id)
 
     def fill(self, kind: FillKind, shape: Sequence[int], dtype: str = DEFAULT) -> Tensor:
-        return self._add(Fill(kind, _shape(shape), canonical(dtype)))
+        return self._add(Fill(kind, to_shape(shape), canonical(dtype)))
 
     def full(self, shape: Sequence[int], value: Scalar, dtype: str = DEFAULT) -> Tensor:
         return self.fill(Constant(value), shape, dtype)
@@ -92,28 +90,6 @@ class Graph:
         """Draw the graph to an .svg/.png/.pdf with Graphviz; without it, warn once and write
         the DOT text to ``path + ".dot"``. Returns the path written."""
         return str(render(to_dot(self.ir), path))
-
-
-def _shape(shape: Sequence[int], wildcard: bool = False) -> tuple[int, ...]:
-    """Sizes are ints (numpy integers too, bools not): ``2.5`` or ``"4"`` is a mistake,
-    never truncated or converted. ``wildcard`` admits reshape's one ``-1``."""
-    if _is_int(shape):
-        shape = (shape,)
-    if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | np.ndarray):
-        raise ShapeError(f"shape {shape!r} must be a sequence of ints")
-    for s in shape:
-        if not _is_int(s):
-            raise ShapeError(
-                f"shape {tuple(shape)!r} has the size {s!r} ({type(s).__name__}); sizes must be ints"
-            )
-    out = tuple(operator.index(s) for s in shape)
-    if any(s < 0 and not (wildcard and s == -1) for s in out):
-        raise ShapeError(f"shape {out} has a negative size")
-    return out
-
-
-def _is_int(s: object) -> bool:
-    return isinstance(s, int | np.integer) and not isinstance(s, bool)
 
 
 class Tensor:
@@ -365,7 +341,7 @@ def transpose(x: Tensor, perm: Sequence[int]) -> Tensor:
 
 
 def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
-    shape = _shape(shape, wildcard=True)
+    shape = to_shape(shape, wildcard=True)
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape {shape}: at most one -1")
     if -1 in shape:
@@ -375,7 +351,7 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
         shape = tuple(x.size // rest if s == -1 else s for s in shape)
     if shape == x.shape:
         return x
-    return x.graph._add(Reshape((x.id,), _shape(shape), x.dtype))
+    return x.graph._add(Reshape((x.id,), to_shape(shape), x.dtype))
 
 
 def cast(x: Tensor, dtype: str) -> Tensor:
@@ -386,7 +362,7 @@ def cast(x: Tensor, dtype: str) -> Tensor:
 
 
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
-    shape = _shape(shape)
+    shape = to_shape(shape)
     if _broadcast_shapes([x.shape, shape]) != shape:
         raise ShapeError(f"cannot broadcast {x.shape} to {shape}")
     rank = len(shape)
@@ -412,7 +388,7 @@ def select(shape: Sequence[int], pieces: Sequence[tuple[Tensor, tuple, tuple]],
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) > 1:
         raise DtypeError(f"cannot combine dtypes {sorted(dtypes)} in one tensor; cast first")
-    return g._add(Select(tuple(t.id for t in tensors), tuple(ir_pieces), _shape(shape), dtypes.pop(), pad))
+    return g._add(Select(tuple(t.id for t in tensors), tuple(ir_pieces), to_shape(shape), dtypes.pop(), pad))
 
 
 def getitem(x: Tensor, key) -> Tensor:

@@ -9,8 +9,11 @@ may consume it, which is where decomposed partial sums meet.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from einsummable.errors import DtypeError, GraphError, ShapeError
 from einsummable.ir.box import Box, box_shape, fmt_box, intersect, place, shift, within
@@ -257,6 +260,28 @@ class ComplexView:
 
 Node = InputNode | EinsumNode | Formation | Fill | Select | Reshape | ComplexView
 NODE_KINDS = (InputNode, EinsumNode, Formation, Fill, Select, Reshape, ComplexView)
+
+
+def to_shape(shape: Sequence[int], wildcard: bool = False) -> tuple[int, ...]:
+    """Sizes are ints (numpy integers too, bools not): ``2.5`` or ``"4"`` is a mistake,
+    never truncated or converted. ``wildcard`` admits reshape's one ``-1``."""
+    if _is_int(shape):
+        shape = (shape,)
+    if isinstance(shape, str | bytes) or not isinstance(shape, Sequence | np.ndarray):
+        raise ShapeError(f"shape {shape!r} must be a sequence of ints")
+    for s in shape:
+        if not _is_int(s):
+            raise ShapeError(
+                f"shape {tuple(shape)!r} has the size {s!r} ({type(s).__name__}); sizes must be ints"
+            )
+    out = tuple(operator.index(s) for s in shape)
+    if any(s < 0 and not (wildcard and s == -1) for s in out):
+        raise ShapeError(f"shape {out} has a negative size")
+    return out
+
+
+def _is_int(s: object) -> bool:
+    return isinstance(s, int | np.integer) and not isinstance(s, bool)
 
 
 def _check_shape(shape: Shape, what: str) -> None:
