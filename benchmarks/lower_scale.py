@@ -10,6 +10,9 @@ task per machine-level block), whose size grows with the machines, not the cores
     python benchmarks/lower_scale.py [--machines 1 2] [--cores 16] [--level core|machine] [--no-tracemalloc]
 
 tracemalloc slows lowering about 2×; ``--no-tracemalloc`` gives the time alone.
+Measured here (gradients, no optimizer; 2 shared cores under a load of about 10):
+1 × 16: 303,384 tasks, 1,713 bytes per task (tracemalloc), peak RSS 1.6 GB;
+2 × 16: 656,399 tasks, 264 s wall (401 µs per task on a ~20% CPU share), RSS 1.2 GB.
 """
 
 from __future__ import annotations
