@@ -26,11 +26,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.graph import EinGraph, Fill, Formation
+from einsummable.ir.graph import Fill
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import ApplyTask, TaskGraph
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
+from einsummable.plan.planners import formations_follow
 from einsummable.plan.twolevel import TwoLevel, locations, nested
 
 Counts = tuple[int, ...]
@@ -63,7 +64,7 @@ def machine_plan(plan: Plan) -> Plan:
     mcluster = replace(plan.cluster, cores=1)
     parts = tuple(nested(sp.shape, tl.cm[v], ones[v]) if live[v] else Partition.whole(sp.shape)
                   for v, sp in enumerate(sps))
-    parts = _formations_follow(g, sps, parts)
+    parts = formations_follow(g, sps, parts)
 
     def where(v: int) -> np.ndarray:
         if not live[v]:
@@ -71,16 +72,6 @@ def machine_plan(plan: Plan) -> Plan:
         return locations(top, v, mcluster, 0)
 
     return Plan(g, mcluster, plan.planner, sps, parts, plan.summary, where, free_formations=True, levels=top)
-
-
-def _formations_follow(g: EinGraph, sps, parts: tuple[Partition, ...]) -> tuple[Partition, ...]:
-    """A formation of a finished value keeps its input's output partition (as planners.py does)."""
-    out = list(parts)
-    for v, node in enumerate(g.nodes):
-        if isinstance(node, Formation) and not sps[node.inputs[0]].aggregated:
-            u = node.inputs[0]
-            out[v] = out[u].restrict(sps[u].out_dims)
-    return tuple(out)
 
 
 def cluster_graph(plan: Plan) -> ClusterGraph:

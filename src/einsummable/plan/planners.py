@@ -106,7 +106,7 @@ def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: C
     parts = tuple(
         twolevel.nested(sp.shape, tl.cm[v], tl.cc[v]) if live[v] else Partition.whole(sp.shape)
         for v, sp in enumerate(sps))
-    parts = _formations_follow(g, sps, parts)
+    parts = formations_follow(g, sps, parts)
     check_plan(g, sps, parts, cluster, free_formations=True)
     rot = twolevel.rotations(tl, cluster.cores)
 
@@ -118,8 +118,9 @@ def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: C
     return Plan(g, cluster, planner, sps, parts, summary, where, free_formations=True, levels=tl)
 
 
-def _formations_follow(g: EinGraph, sps: Sequence[Space],
-                       parts: tuple[Partition, ...]) -> tuple[Partition, ...]:
+def formations_follow(g: EinGraph, sps: Sequence[Space],
+                      parts: tuple[Partition, ...]) -> tuple[Partition, ...]:
+    """A formation of a finished value keeps its input's output partition."""
     out = list(parts)
     for v, node in enumerate(g.nodes):
         if isinstance(node, Formation) and not sps[node.inputs[0]].aggregated:
