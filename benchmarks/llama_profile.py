@@ -95,7 +95,17 @@ def main() -> None:
 
 def ab(cfg, params, tcfg, data, args) -> None:
     """Median step time with compiled kernels and with numpy kernels, stepped in alternation."""
-    trainers = {}
+    trainers, built = {}, []
+    build = cbuild.build
+
+    def timed_build(sources):
+        start, cpu = time.perf_counter(), os.times()
+        build(sources)
+        after = os.times()
+        built.append((len(sources), time.perf_counter() - start,
+                      after.children_user + after.children_system - cpu.children_user - cpu.children_system))
+
+    cbuild.build = timed_build
     for mode in ("numpy", "compiled"):
         kernels.prepare.cache_clear()  # kernels are chosen at prepare: prepare again per mode
         if mode == "numpy":
@@ -104,6 +114,8 @@ def ab(cfg, params, tcfg, data, args) -> None:
         trainers[mode] = Trainer(cfg, params, tcfg, data, workers=args.workers)
         os.environ.pop(cbuild.ENV, None)
         print(f"{mode}: prepared in {time.perf_counter() - start:.1f} s")
+    n, wall, cpu = (sum(b[i] for b in built) for i in range(3))
+    print(f"compiled kernels: {n} built or loaded from the cache in {wall:.2f} s ({cpu:.2f} s compiler CPU)")
     for t in trainers.values():
         t.train_step()  # warm-up
     times: dict[str, list[float]] = {m: [] for m in trainers}
