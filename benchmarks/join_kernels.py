@@ -2,7 +2,7 @@
 
 Each pattern is the einsummables the graph holds for it, run on one block as the
 engines run them (``kernels.prepare``); the numpy path is the same ops prepared with
-``EINSUMMABLE_KERNELS=numpy``. Medians of interleaved rounds.
+``EINSUMMABLE_KERNELS=numpy``. Medians (and, for a loaded machine, the best) of interleaved rounds.
 
     PYTHONPATH=src python benchmarks/join_kernels.py [--rows 1024] [--repeats 7]
 
@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
+import time
 
 import numpy as np
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from common import compare
 from einsummable.engines import cbuild, kernels, local, native
 from einsummable.ir.einsummable import Einsummable
 
@@ -139,11 +140,25 @@ def main() -> None:
             a, b = ours(), base()
             for _, _, out in steps:  # the same numbers, before timing
                 np.testing.assert_allclose(a[out], b[out], rtol=2e-4, atol=1e-5)
-            t = compare({"compiled": ours, "numpy": base, "torch": torch_fn}, repeats=args.repeats)
-            ms = " ".join(f"{t[k] * 1e3:8.3f}ms" for k in ("compiled", "numpy", "torch"))
-            print(f"{name:<18} {ms}"
-                  f"   {t['numpy'] / t['compiled']:10.2f}x  {t['torch'] / t['compiled']:12.2f}x")
+            runs = rounds({"compiled": ours, "numpy": base, "torch": torch_fn}, args.repeats)
+            for label, stat in (("median", statistics.median), ("best", min)):
+                t = {k: stat(v) for k, v in runs.items()}
+                ms = " ".join(f"{t[k] * 1e3:8.3f}ms" for k in ("compiled", "numpy", "torch"))
+                print(f"{name if label == 'median' else '':<18} {ms}   {t['numpy'] / t['compiled']:10.2f}x"
+                      f"  {t['torch'] / t['compiled']:12.2f}x   ({label} of {args.repeats})")
 
+
+def rounds(fns: dict, repeats: int) -> dict[str, list[float]]:
+    """Every peer's time in each of ``repeats`` interleaved rounds, after one warm-up."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - start)
+    return times
 
 if __name__ == "__main__":
     main()

@@ -21,6 +21,7 @@ import numpy as np
 
 from common import add_llama_arguments
 from einsummable.engines import cbuild, kernels, local, native
+from einsummable.ir.expr import variables_used
 from einsummable.lower.taskgraph import ApplyTask, PartialTask
 from einsummable.train.trainer import TrainConfig, Trainer
 from llama_block import hf_model
@@ -53,6 +54,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--ab", action="store_true", help="compiled against numpy kernels, alternating")
+    parser.add_argument("--per-op", action="store_true",
+                        help="each compiled join of the step against its numpy kernel, on its own")
     args = parser.parse_args()
     _, cfg, params = hf_model(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate,
                               args.vocab)
@@ -60,6 +63,8 @@ def main() -> None:
     data = np.random.default_rng(2).integers(0, cfg.vocab_size, 1 << 20)
     if args.ab:
         return ab(cfg, params, tcfg, data, args)
+    if args.per_op:
+        return per_op(cfg, params, tcfg, data, args)
     busy: dict[str, float] = collections.defaultdict(float)
     lock = threading.Lock()
     original = local.LocalProgram.__init__
@@ -95,7 +100,17 @@ def main() -> None:
 
 def ab(cfg, params, tcfg, data, args) -> None:
     """Median step time with compiled kernels and with numpy kernels, stepped in alternation."""
-    trainers = {}
+    trainers, built = {}, []
+    build = cbuild.build
+
+    def timed_build(sources):
+        start, cpu = time.perf_counter(), os.times()
+        build(sources)
+        after = os.times()
+        built.append((len(sources), time.perf_counter() - start,
+                      after.children_user + after.children_system - cpu.children_user - cpu.children_system))
+
+    cbuild.build = timed_build
     for mode in ("numpy", "compiled"):
         kernels.prepare.cache_clear()  # kernels are chosen at prepare: prepare again per mode
         if mode == "numpy":
@@ -104,6 +119,8 @@ def ab(cfg, params, tcfg, data, args) -> None:
         trainers[mode] = Trainer(cfg, params, tcfg, data, workers=args.workers)
         os.environ.pop(cbuild.ENV, None)
         print(f"{mode}: prepared in {time.perf_counter() - start:.1f} s")
+    n, wall, cpu = (sum(b[i] for b in built) for i in range(3))
+    print(f"compiled kernels: {n} built or loaded from the cache in {wall:.2f} s ({cpu:.2f} s compiler CPU)")
     for t in trainers.values():
         t.train_step()  # warm-up
     times: dict[str, list[float]] = {m: [] for m in trainers}
@@ -116,6 +133,43 @@ def ab(cfg, params, tcfg, data, args) -> None:
     np.testing.assert_allclose(trainers["compiled"].losses, trainers["numpy"].losses, rtol=1e-4)
     print(f"workers {args.workers}, median of {args.steps}: compiled {med['compiled']:.3f} s, "
           f"numpy {med['numpy']:.3f} s, numpy/compiled = {med['numpy'] / med['compiled']:.2f}")
+
+
+def per_op(cfg, params, tcfg, data, args) -> None:
+    """Every block op of the step that runs compiled, timed against its numpy kernel (best of
+    5 interleaved rounds, random inputs), weighted by how many tasks run it."""
+    ops: collections.Counter = collections.Counter()
+    original = local.LocalProgram.__init__
+
+    def collect(self, tg):
+        original(self, tg)
+        ops.update(t.op for t in tg.tasks if isinstance(t, ApplyTask) and kind(t) == "join, compiled C")
+
+    local.LocalProgram.__init__ = collect
+    Trainer(cfg, params, tcfg, data, workers=args.workers)
+    rng = np.random.default_rng(0)
+    total = {"compiled": 0.0, "numpy": 0.0}
+    for op, count in ops.items():
+        shapes = [tuple(op.join_shape[i] for i in idx) for idx in op.inputs]
+        arrays = [(np.abs(rng.standard_normal(s)) + 0.5).astype(kernels.to_numpy(d))
+                  for s, d in zip(shapes, op.dtypes, strict=True)]
+        variables = dict.fromkeys(variables_used(op.join), 1e-3)
+        compiled = kernels.prepare(op)
+        os.environ[cbuild.ENV] = "numpy"
+        numpy_kernel = kernels.prepare.__wrapped__(op)
+        os.environ.pop(cbuild.ENV)
+        best = {"compiled": [], "numpy": []}
+        with np.errstate(all="ignore"):
+            for _ in range(5):
+                for name, k in (("compiled", compiled), ("numpy", numpy_kernel)):
+                    start = time.perf_counter()
+                    k(arrays, variables)
+                    best[name].append(time.perf_counter() - start)
+        for name in total:
+            total[name] += count * min(best[name])
+    print(f"{sum(ops.values())} compiled join tasks ({len(ops)} block ops): "
+          f"compiled {total['compiled']:.3f} s, numpy {total['numpy']:.3f} s a step, "
+          f"numpy/compiled = {total['numpy'] / total['compiled']:.2f}")
 
 
 if __name__ == "__main__":

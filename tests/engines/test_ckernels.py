@@ -227,3 +227,24 @@ def test_vector_math_special_values_and_ulps(dtype):
         bound = ULPS[dtype].get(name, ULPS[dtype]["tanh"])
         worst = int(_ulps(got[both], want[both]).max())
         assert worst <= bound, f"{name} ({dtype}) is {worst} ulps from numpy; stated {bound}"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "bf16"])
+def test_min_max_where_compare_on_every_pair_of_special_values(dtype):
+    """numpy's semantics, bit for bit: min/max propagate NaN and return the second operand on
+    ties (so max(-0.0, 0.0) is 0.0 and max(0.0, -0.0) is -0.0); where selects exactly."""
+    values = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.5]
+    a, b = (np.array(v, dtype=kernels.to_numpy(dtype)).reshape(7, 7) for v in
+            zip(*[(p, q) for p in values for q in values], strict=True))
+    joins = ["max(x0, x1)", "min(x0, x1)", "relu(x0) + x1 * 0", "where(x0 < x1, x0, x1)",
+             "where(x0 >= x1, x1, -x0)", "where(x0 != x1, abs(x0), x1)", "where(x0 == x1, 1, 0) * x1"]
+    ops = [Einsummable.from_spec("ij,ij->ij", [(7, 7)] * 2, join=j, dtypes=[dtype] * 2) for j in joins]
+    ops += [Einsummable.from_spec("ij,ij->i", [(7, 7)] * 2, join="x0 + x1 * 0", agg=agg, dtypes=[dtype] * 2)
+            for agg in ("max", "min")]
+    compiled = [native.kernel(op, None) for op in ops]
+    native.flush()
+    for op, kernel in zip(ops, compiled, strict=True):
+        with np.errstate(all="ignore"):
+            got, want = kernel([a, b], None), _oracle(op, [a, b], None).astype(kernels.to_numpy(dtype))
+        same = _same_bits(got, want, zeros_equal=op.agg is not None)
+        assert same.all(), f"{op.join}: {got[~same]} vs numpy {want[~same]}"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from einsummable.errors import Unsupported
 from einsummable.ir import scalar
 from einsummable.ir.einsummable import Einsummable
-from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, variables_used
+from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, inputs_used, variables_used
 from einsummable.ir.scalar_ops import GELU_A, GELU_C
 
 # storage type, compute type per dtype
@@ -129,8 +129,8 @@ class _Emitter:
         self.variables = variables
         self.result = COMPUTE[op.dtype]
         self.lines: list[str] = []
+        self.reads: list[set[int]] = []  # the inputs each line reads, directly or not
         self.memo: dict[Expr, tuple[str, str | None]] = {}
-        self.loads: dict[int, str] = {}
 
     def root(self) -> str:
         return self.emit(self.op.join)[0]
@@ -144,6 +144,8 @@ class _Emitter:
         """(C expression, its type); type None marks a weak scalar (a Python number in numpy)."""
         if e not in self.memo:
             self.memo[e] = self._emit(e)
+            if len(self.reads) < len(self.lines):  # the line just written computes e
+                self.reads.append(inputs_used(e))
         return self.memo[e]
 
     def _emit(self, e: Expr) -> tuple[str, str | None]:
@@ -321,8 +323,10 @@ def _inner(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:
         lines.append(f"{pad}#pragma omp simd reduction({udr}:acc)")
     else:
         lines.append(f"{pad}#pragma omp simd")
+    hoisted = _body(op, em, value, inner, offsets, unit, acc_t, pad, invariant=True)
+    lines = hoisted + lines
     lines.append(f"{pad}for (int64_t j = 0; j < {n}; j++) {{")
-    lines += _body(op, em, value, inner, offsets, unit, acc_t, pad + "  ")
+    lines += _body(op, em, value, inner, offsets, unit, acc_t, pad + "  ", invariant=False)
     lines.append(pad + "}")
     if reducing:
         target = f"y[{offsets['y']}]"
@@ -330,17 +334,32 @@ def _inner(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:
     return lines
 
 
-def _body(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:
-    """Loads, the join's steps and the store for the element at ``j`` of the inner loop."""
+def _body(op, em, value, inner, offsets, unit, acc_t, pad, invariant=None) -> list[str]:
+    """Loads, the join's steps and the store for the element at ``j`` of the inner loop.
+
+    With ``invariant`` True, only the loads and steps that do not change along the inner
+    loop (they read no operand indexed by it): they run once before it, as numpy's
+    broadcasting runs them once at their own shape. With False, the rest and the store.
+    """
     lines = []
+    fixed = {k for k, idx in enumerate(op.inputs) if inner is None or inner not in idx}
+    if invariant is not None:
+        keep = [(reads <= fixed) == invariant for reads in em.reads]
+        loads = [(k in fixed) == invariant for k in range(len(op.inputs))]
+    else:
+        keep, loads = [True] * len(em.lines), [True] * len(op.inputs)
     for k, (idx, d) in enumerate(zip(op.inputs, op.dtypes, strict=True)):
+        if not loads[k]:
+            continue
         at = offsets[k]
         if inner is not None and inner in idx:
             at = f"{at} + j" if unit else f"{at} + j * s{k}_{inner}"
         load = f"x{k}[{at}]"
         load = f"ld_bf16({load})" if d == "bf16" else f"({COMPUTE[d]}){load}"
         lines.append(f"{pad}const {COMPUTE[d]} v{k} = {load};")
-    lines += [pad + line for line in em.lines]
+    lines += [pad + line for line, kept in zip(em.lines, keep, strict=True) if kept]
+    if invariant:
+        return lines
     at = offsets["y"]
     if inner is not None and inner < op.out_rank:
         at = f"{at} + j" if unit else f"{at} + j * o_{inner}"
