@@ -198,8 +198,8 @@ def _body(op: Einsummable) -> Kernel:
 
 def _native(op: Einsummable, body: Kernel) -> Kernel:
     """The generated C kernel where the join has one. Half-precision ops keep the numpy
-    path for now: its f32 computation with one rounding (design.md) is what the tests
-    hold the engines to, and the C path's storage of mixed half/f32 ops does not match it yet."""
+    path: the C code rounds every step of a half join to its dtype, while the engines
+    compute half joins in f32 and round once (design.md), which the tests hold them to."""
     if {"f16", "bf16"} & {op.dtype, *op.dtypes}:
         return body
     return native.kernel(op, body)
