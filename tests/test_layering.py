@@ -40,8 +40,6 @@ LAZY = {
     ("einsummable.hardware.cluster", "einsummable.engines.ray.nodes"):
         "Cluster.from_ray reuses the Ray engine's node discovery; Ray stays an optional extra",
 }
-# import cycles between files that are known and left for later (issue 21, phase 2)
-KNOWN_CYCLES = [{"einsummable.frontend.core", "einsummable.frontend.einsum"}]
 
 
 def _name(path: Path) -> str:
@@ -107,7 +105,7 @@ def test_imports_go_only_down(module):
 
 def test_no_import_cycles_between_files():
     graph = {m: set(imports(m)) for m in MODULES}
-    cycles = [c for c in _strongly_connected(graph) if len(c) > 1 and c not in KNOWN_CYCLES]
+    cycles = [c for c in _strongly_connected(graph) if len(c) > 1]
     assert not cycles, f"import cycles: {[sorted(c) for c in cycles]}"
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from einsummable.errors import EinsummableError
-from einsummable.frontend.core import Graph
+from einsummable.frontend.tensor import Graph
 from einsummable.hardware.cluster import Cluster
 from einsummable.models.llama import model as llama
 from einsummable.models.llama import tokenizer as tokenizers
