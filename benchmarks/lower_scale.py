@@ -22,7 +22,7 @@ import resource
 import time
 import tracemalloc
 
-from einsummable.cli import training_graph
+from einsummable.cli_plan import training_graph
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.cluster import cluster_graph
 from einsummable.lower.lowering import lower

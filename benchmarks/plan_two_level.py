@@ -22,7 +22,7 @@ import contextlib
 import time
 from dataclasses import replace
 
-from einsummable.cli import training_graph
+from einsummable.cli_plan import training_graph
 from einsummable.engines import simulate
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster

@@ -182,7 +182,8 @@ def test_dtype_mismatch_is_an_error():
 
 def test_matmul_follows_numpy():
     rng = np.random.default_rng(3)
-    for sa, sb in [((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)), ((5, 1, 2, 3), (4, 3, 2))]:
+    for sa, sb in [((3,), (3,)), ((3,), (3, 4)), ((2, 3), (3,)), ((5, 1, 2, 3), (4, 3, 2)),
+                   ((3,), (2, 3, 4)), ((2, 5, 3), (3,)), ((1, 2, 3), (4, 1, 3, 2)), ((2, 1, 3), (3, 1))]:
         g = es.Graph()
         a, b = g.input("a", sa, "f64"), g.input("b", sb, "f64")
         g.output("y", a @ b)

@@ -247,7 +247,7 @@ def test_inputs_are_not_modified():
 @given(st.integers(0, 2**32 - 1))
 def test_select_reads_rebuild_any_block_of_the_output(seed):
     """Select.reads, applied piece by piece over the pad, gives the block the reference engine computes."""
-    from einsummable.frontend.core import select
+    from einsummable.frontend.tensor import select
     from einsummable.ir.box import slices
 
     rng = np.random.default_rng(seed)

@@ -24,22 +24,9 @@ from einsummable.errors import (
     SpecError,
 )
 from einsummable.frontend import nn
-from einsummable.frontend.core import (
-    Graph,
-    Tensor,
-    broadcast_to,
-    cast,
-    concat,
-    elementwise,
-    pad,
-    reduce,
-    reshape,
-    transpose,
-    view_as_complex,
-    view_as_real,
-    where,
-)
-from einsummable.frontend.einsum import einsum, matmul
+from einsummable.frontend.builders import broadcast_to, concat, pad, view_as_complex, view_as_real, where
+from einsummable.frontend.einsum import einsum
+from einsummable.frontend.tensor import Graph, Tensor, cast, elementwise, matmul, reduce, reshape, transpose
 from einsummable.hardware.cluster import Cluster
 
 try:

@@ -17,7 +17,7 @@ from einsummable.engines.blocks import Blocks
 from einsummable.engines.feeds import check_feeds, check_inputs
 from einsummable.engines.interop import convert
 from einsummable.errors import EinsummableError, FeedError, PlanError
-from einsummable.frontend.core import Graph
+from einsummable.frontend.tensor import Graph
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph
 from einsummable.lower.lowering import lower

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 import einsummable as es
-from einsummable.frontend.core import Tensor
+from einsummable.frontend.tensor import Tensor
 from einsummable.ir.graph import EinGraph, InputNode
 
 EPS = 1e-6

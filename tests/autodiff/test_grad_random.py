@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import einsummable as es
-from einsummable.frontend.core import apply
+from einsummable.frontend.tensor import apply
 from einsummable.ir.einsummable import AGGS, Einsummable
 
 SMOOTH = ["tanh(x0)", "sigmoid(x0)", "sin(x0)", "0.5 * x0 * x0", "silu(x0)", "x0 * 0.5 + 1", "exp(-x0 * x0)"]

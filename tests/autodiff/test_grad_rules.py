@@ -10,7 +10,7 @@ from gradcheck import check_grads, loss_only
 import einsummable as es
 from einsummable import nn
 from einsummable.autodiff import rules
-from einsummable.frontend.core import apply, select
+from einsummable.frontend.tensor import apply, select
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import AGGS, Einsummable
 from einsummable.ir.graph import NODE_KINDS, Reshape

@@ -5,7 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from einsummable.cli import main, training_graph
+from einsummable.cli import main
+from einsummable.cli_plan import training_graph
 from einsummable.engines import simulate
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.lowering import lower

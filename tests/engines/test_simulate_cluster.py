@@ -6,7 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from einsummable.cli import training_graph
+from einsummable.cli_plan import training_graph
 from einsummable.engines import simulate, simulate_cluster
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.cluster import cluster_graph

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from einsummable import cli
 from einsummable.models.llama import LlamaConfig, init_params
+from einsummable.models.llama.data import corpus
 from einsummable.train.trainer import TrainConfig, Trainer
 
 TINY = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -121,7 +121,7 @@ def chosen(log: list) -> list[int]:
 
 def main(root: Path) -> None:
     t = Trainer(TINY, init_params(TINY, seed=1), TrainConfig(batch=2, seq=16, steps=10, warmup=2),
-                cli.corpus(), engine="reference")
+                corpus(), engine="reference")
     for _ in range(2):
         t.train_step()
     t.save(root / "pristine" / "ckpt")

@@ -16,6 +16,7 @@ import einsummable
 from einsummable import cli
 from einsummable.errors import CheckpointError, EinsummableError
 from einsummable.models.llama import LlamaConfig, init_params, safetensors_io, weights
+from einsummable.models.llama.data import corpus
 from einsummable.train import checkpoint
 from einsummable.train.trainer import TrainConfig, Trainer
 
@@ -27,7 +28,7 @@ LAB = Path(__file__).with_name("crash_lab.py")
 
 def trained(steps, data=None, source=None):
     where = {} if source is None else {"data_source": source}
-    t = Trainer(TINY, init_params(TINY, seed=1), SMALL, cli.corpus() if data is None else data,
+    t = Trainer(TINY, init_params(TINY, seed=1), SMALL, corpus() if data is None else data,
                 engine="reference", **where)
     for _ in range(steps):
         t.train_step()
@@ -35,7 +36,7 @@ def trained(steps, data=None, source=None):
 
 
 def resume(directory, data=None, **kw):
-    return Trainer.resume(directory, cli.corpus() if data is None else data, engine="reference", **kw)
+    return Trainer.resume(directory, corpus() if data is None else data, engine="reference", **kw)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the lab forks its savers")
@@ -169,7 +170,7 @@ def test_resume_reads_the_recorded_data_and_refuses_it_changed(tmp_path):
     r = Trainer.resume(tmp_path / "ckpt", engine="reference")
     np.testing.assert_array_equal(r.data, data)
     with pytest.warns(UserWarning, match="different data"):
-        resume(tmp_path / "ckpt", cli.corpus())
+        resume(tmp_path / "ckpt", corpus())
     text.write_bytes(b"another text altogether, " * 40)
     with pytest.raises(CheckpointError, match=r"text\.txt has changed since the checkpoint"):
         Trainer.resume(tmp_path / "ckpt", engine="reference")

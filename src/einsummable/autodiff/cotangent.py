@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from einsummable.frontend.core import Graph, Tensor, elementwise
+from einsummable.frontend.tensor import Graph, Tensor, elementwise
 from einsummable.ir.einsummable import IDENTITY
 from einsummable.ir.expr import Const, Expr, Input, call
 from einsummable.ir.graph import EinsumNode, Formation, Node

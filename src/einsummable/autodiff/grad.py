@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from einsummable.autodiff.cotangent import Cot, Forward, Uniform, materialize, total
 from einsummable.autodiff.rules import VJP
 from einsummable.errors import AutodiffError
-from einsummable.frontend.core import Graph, Tensor
+from einsummable.frontend.tensor import Graph, Tensor
 from einsummable.ir.dtypes import FLOATS
 from einsummable.ir.graph import Node
 

@@ -22,7 +22,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
-from einsummable.frontend.core import Tensor
+from einsummable.frontend.tensor import Tensor
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.graph import EinGraph, InputNode
 

@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 from einsummable.autodiff.cotangent import Cot, Forward, Uniform, materialize, total
 from einsummable.errors import AutodiffError
-from einsummable.frontend.core import Tensor, apply, reshape, select, view_as_complex, view_as_real
+from einsummable.frontend.builders import view_as_complex, view_as_real
+from einsummable.frontend.tensor import Tensor, apply, reshape, select
 from einsummable.ir import scalar
 from einsummable.ir.box import Box, box_shape, intersect, place, volume, whole
 from einsummable.ir.compiled import HALF

@@ -11,8 +11,9 @@ inside the graph are not traced: keeping those in range is the graph's own busin
 
 from __future__ import annotations
 
-from einsummable.frontend.core import Tensor
-from einsummable.ir.graph import Box, ClassIds, EinGraph, InputNode, Reshape, Select
+from einsummable.frontend.tensor import Tensor
+from einsummable.ir.box import Box, whole
+from einsummable.ir.graph import ClassIds, EinGraph, InputNode, Reshape, Select
 
 
 def mark_class_ids(t: Tensor, classes: int, use: str) -> None:
@@ -25,7 +26,7 @@ def mark_class_ids(t: Tensor, classes: int, use: str) -> None:
 def _sources(ir: EinGraph, nid: int) -> list[tuple[str, Box]]:
     """The input regions that node ``nid`` is a plain copy of."""
     out = []
-    stack = [(nid, _whole(ir.nodes[nid].shape))]
+    stack = [(nid, whole(ir.nodes[nid].shape))]
     while stack:
         nid, box = stack.pop()
         node = ir.nodes[nid]
@@ -40,10 +41,6 @@ def _sources(ir: EinGraph, nid: int) -> list[tuple[str, Box]]:
                 src = tuple((s_lo + lo - d_lo, s_lo + hi - d_lo)
                             for (lo, hi), (d_lo, _), (s_lo, _) in zip(part, p.dst_box, p.src, strict=True))
                 stack.append((node.inputs[p.input], src))
-        elif isinstance(node, Reshape) and box == _whole(node.shape):
-            stack.append((node.inputs[0], _whole(ir.nodes[node.inputs[0]].shape)))
+        elif isinstance(node, Reshape) and box == whole(node.shape):
+            stack.append((node.inputs[0], whole(ir.nodes[node.inputs[0]].shape)))
     return out
-
-
-def _whole(shape: tuple[int, ...]) -> Box:
-    return tuple((0, n) for n in shape)

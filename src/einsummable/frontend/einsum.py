@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import opt_einsum
 
 from einsummable.errors import ShapeError, SpecError
-from einsummable.frontend.core import Tensor, _broadcast_shapes, apply, reshape, transpose
+from einsummable.frontend.tensor import Tensor, apply, reshape, transpose
 from einsummable.ir import scalar
 from einsummable.ir.einsummable import IDENTITY, PRODUCT, Einsummable
 from einsummable.ir.expr import Expr
@@ -171,27 +171,3 @@ def _contract_path(operands: list[Tensor], terms: list[str], out: str, sizes: di
         terms.append(inter)
     (t,), (term,) = operands, terms
     return t if term == out else _single([t], [term], out, sizes, IDENTITY, None)
-
-
-def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """numpy's ``matmul``: 1-D operands are promoted, batch dimensions broadcast."""
-    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        raise SpecError("matmul takes two Tensors")
-    if a.ndim == 0 or b.ndim == 0:
-        raise ShapeError("matmul does not take scalars; use *")
-    a_vec, b_vec = a.ndim == 1, b.ndim == 1
-    if a.shape[-1] != b.shape[0 if b_vec else -2]:
-        raise ShapeError(f"matmul: {a.shape} @ {b.shape}: inner sizes {a.shape[-1]} and "
-                         f"{b.shape[0 if b_vec else -2]} differ")
-    batch = _broadcast_shapes([a.shape[:-2], b.shape[:-2]]) if not (a_vec or b_vec) else ()
-    letters = iter("abcdefghpqrstuvwxyz")
-    bl = "".join(next(letters) for _ in batch)
-    a_batch = bl[len(bl) - (a.ndim - 2):] if not a_vec else ""
-    b_batch = bl[len(bl) - (b.ndim - 2):] if not b_vec else ""
-    if a_vec and not b_vec:
-        return einsum("j,...jk->...k", a, b)
-    if b_vec and not a_vec:
-        return einsum("...ij,j->...i", a, b)
-    if a_vec and b_vec:
-        return einsum("j,j->", a, b)
-    return einsum(f"{a_batch}ij,{b_batch}jk->{bl}ik", a, b)

@@ -13,8 +13,9 @@ import string
 
 from einsummable.errors import ShapeError
 from einsummable.frontend.class_ids import mark_class_ids
-from einsummable.frontend.core import Tensor, _axes, elementwise
-from einsummable.frontend.einsum import einsum, matmul
+from einsummable.frontend.einsum import einsum
+from einsummable.frontend.shapes import normalize_axes
+from einsummable.frontend.tensor import Tensor, elementwise, matmul
 
 __all__ = [
     "cross_entropy",
@@ -46,7 +47,7 @@ def _down(expr: str, dtype: str) -> str:
 
 def _specs(x: Tensor, axis: int) -> tuple[str, str, str]:
     """Letters for x, for x without ``axis``, and for ``axis`` alone."""
-    axis = _axes(axis, x.ndim)[0]
+    axis = normalize_axes(axis, x.ndim)[0]
     full = string.ascii_lowercase[: x.ndim]
     return full, full[:axis] + full[axis + 1 :], full[axis]
 
@@ -102,7 +103,7 @@ def logsumexp(x: Tensor, axis: int = -1, keepdims: bool = False) -> Tensor:
     out = _logsumexp(x, axis, x.dtype)
     if not keepdims:
         return out
-    a = _axes(axis, x.ndim)[0]
+    a = normalize_axes(axis, x.ndim)[0]
     return out.reshape((*x.shape[:a], 1, *x.shape[a + 1 :]))
 
 

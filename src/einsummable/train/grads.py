@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from einsummable.autodiff import grad
-from einsummable.frontend.core import Graph, Tensor
+from einsummable.frontend.tensor import Graph, Tensor
 
 PREFIX = "grad:"
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from einsummable.autodiff import grad
 from einsummable.errors import OptimizerError
-from einsummable.frontend.core import Graph, Tensor, cast, elementwise, reduce
+from einsummable.frontend.tensor import Graph, Tensor, cast, elementwise, reduce
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.graph import InputNode
 

@@ -26,8 +26,8 @@ from einsummable.autodiff.remat import rematerialize
 from einsummable.compile import compile
 from einsummable.engines.feeds import check_class_ids
 from einsummable.errors import CheckpointError, EinsummableError
-from einsummable.frontend.core import Graph
 from einsummable.frontend.einsum import einsum
+from einsummable.frontend.tensor import Graph
 from einsummable.ir.dtypes import to_numpy
 from einsummable.models import atomic
 from einsummable.models.llama import model as llama

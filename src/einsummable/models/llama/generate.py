@@ -17,7 +17,7 @@ import numpy as np
 
 from einsummable.compile import Program, compile
 from einsummable.errors import EinsummableError
-from einsummable.frontend.core import Graph
+from einsummable.frontend.tensor import Graph
 from einsummable.models.llama import model as llama
 from einsummable.models.llama.model import LlamaConfig
 

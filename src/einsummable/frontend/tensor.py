@@ -1,4 +1,8 @@
-"""Graph, Tensor and the primitive builders every other helper is written with.
+"""Graph, Tensor and the primitive builders that the Tensor's operators are written with.
+
+A Graph hands out Tensors and a Tensor knows its Graph, so the two share this file; the
+builders that no operator needs (concat, pad, where, ...) are in builders.py, and the
+einsum language, written with these primitives, in einsum.py.
 
 Every operation here appends EinGraph nodes; shapes and dtypes are checked as the
 nodes are made, so a mistake surfaces at the line that wrote it.
@@ -9,15 +13,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from einsummable.errors import DtypeError, GraphError, ShapeError
+from einsummable.errors import DtypeError, GraphError, ShapeError, SpecError
+from einsummable.frontend.numpy_api import dispatch
+from einsummable.frontend.shapes import broadcast_shapes, index_box, kept_axes, normalize_axes
 from einsummable.ir import scalar
 from einsummable.ir.box import whole
 from einsummable.ir.dot import render, to_dot
 from einsummable.ir.dtypes import DEFAULT, canonical
-from einsummable.ir.einsummable import IDENTITY, Einsummable
+from einsummable.ir.einsummable import IDENTITY, PRODUCT, Einsummable
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, substitute
 from einsummable.ir.graph import (
-    ComplexView,
     Constant,
     EinGraph,
     EinsumNode,
@@ -25,6 +30,7 @@ from einsummable.ir.graph import (
     FillKind,
     Formation,
     InputNode,
+    Node,
     Piece,
     Ramp,
     Reshape,
@@ -44,14 +50,14 @@ class Graph:
         self.ir = EinGraph()
 
     def input(self, name: str, shape: Sequence[int], dtype: str = DEFAULT) -> Tensor:
-        return self._add(InputNode(name, to_shape(shape), canonical(dtype)))
+        return self.add(InputNode(name, to_shape(shape), canonical(dtype)))
 
     def output(self, name: str, t: Tensor) -> None:
         self._own(t)
         self.ir.set_output(name, t.id)
 
     def fill(self, kind: FillKind, shape: Sequence[int], dtype: str = DEFAULT) -> Tensor:
-        return self._add(Fill(kind, to_shape(shape), canonical(dtype)))
+        return self.add(Fill(kind, to_shape(shape), canonical(dtype)))
 
     def full(self, shape: Sequence[int], value: Scalar, dtype: str = DEFAULT) -> Tensor:
         return self.fill(Constant(value), shape, dtype)
@@ -67,7 +73,8 @@ class Graph:
              dtype: str = DEFAULT) -> Tensor:
         return self.fill(Ramp(start, tuple(float(s) for s in steps)), shape, dtype)
 
-    def _add(self, node) -> Tensor:
+    def add(self, node: Node) -> Tensor:
+        """Append an IR node (already checked by its constructor) and hand out its Tensor."""
         return Tensor(self, self.ir.add(node))
 
     def _own(self, t: Tensor) -> None:
@@ -151,13 +158,9 @@ class Tensor:
         return elementwise(f"x0 ** {float(exponent)!r}", self)
 
     def __matmul__(self, o):
-        from einsummable.frontend.einsum import matmul
-
         return matmul(self, o)
 
     def __rmatmul__(self, o):
-        from einsummable.frontend.einsum import matmul
-
         return matmul(o, self)
 
     def __getitem__(self, key) -> Tensor:
@@ -172,8 +175,6 @@ class Tensor:
         return self.shape[0]
 
     def __array_function__(self, func, types, args, kwargs):
-        from einsummable.frontend.numpy_api import dispatch
-
         return dispatch(func, args, kwargs)
 
     # reductions
@@ -190,7 +191,7 @@ class Tensor:
         return reduce(self, axis, "mul", keepdims=keepdims)
 
     def mean(self, axis=None, keepdims: bool = False) -> Tensor:
-        axes = _axes(axis, self.ndim)
+        axes = normalize_axes(axis, self.ndim)
         count = math.prod(self.shape[a] for a in axes)
         return reduce(self, axes, "add", join=f"x0 * {1.0 / max(count, 1)!r}", keepdims=keepdims)
 
@@ -231,9 +232,9 @@ class Tensor:
 def apply(op: Einsummable, tensors: Sequence[Tensor]) -> Tensor:
     """Append an einsummable, and its formation when it aggregates."""
     g = _common_graph(tensors)
-    t = g._add(EinsumNode(op, tuple(t.id for t in tensors)))
+    t = g.add(EinsumNode(op, tuple(t.id for t in tensors)))
     if op.agg is not None:
-        t = g._add(Formation((t.id,), t.shape, t.dtype))
+        t = g.add(Formation((t.id,), t.shape, t.dtype))
     return t
 
 
@@ -242,20 +243,6 @@ def _common_graph(tensors: Sequence[Tensor]) -> Graph:
     if len(graphs) != 1:
         raise GraphError("operands must be Tensors of one Graph" if graphs else "no Tensor operand given")
     return next(iter(graphs.values()))
-
-
-def _axes(axis, ndim: int) -> tuple[int, ...]:
-    if axis is None:
-        return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    out = []
-    for a in axes:
-        if not -ndim <= a < ndim:
-            raise ShapeError(f"axis {a} is out of range for a tensor of rank {ndim}")
-        out.append(a % ndim)
-    if len(set(out)) != len(out):
-        raise ShapeError(f"repeated axis in {axis}")
-    return tuple(sorted(out))
 
 
 def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
@@ -283,38 +270,23 @@ def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
             raise DtypeError(f"operand {i} of {scalar.to_string(expr)!r} is a {type(a).__name__}")
     expr = scalar.fold_constants(substitute(expr, mapping))
     try:
-        out_shape = _broadcast_shapes([t.shape for t in operands])
+        out_shape = broadcast_shapes([t.shape for t in operands])
     except ShapeError as err:
         raise ShapeError(f"{scalar.to_string(expr)}: {err}") from None
     rank = len(out_shape)
     inputs, squeezed = [], []
     for t in operands:
-        offset = rank - t.ndim
-        keep = [d for d in range(t.ndim) if not (t.shape[d] == 1 and out_shape[offset + d] != 1)]
-        if len(keep) != t.ndim:
-            t = reshape(t, tuple(t.shape[d] for d in keep))
-        inputs.append(tuple(offset + d for d in keep))
-        squeezed.append(t)
+        keep = kept_axes(t.shape, out_shape)
+        inputs.append(tuple(rank - t.ndim + d for d in keep))
+        squeezed.append(reshape(t, tuple(t.shape[d] for d in keep)))
     op = Einsummable(out_shape, tuple(inputs), rank, expr, None, tuple(t.dtype for t in squeezed))
     if op.is_elementwise() and expr == IDENTITY:
         return squeezed[0]
     return apply(op, squeezed)
 
 
-def _broadcast_shapes(shapes: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
-    rank = max(len(s) for s in shapes)
-    out = []
-    for d in range(rank):
-        sizes = {s[len(s) - rank + d] for s in shapes if len(s) - rank + d >= 0}
-        sizes.discard(1)
-        if len(sizes) > 1:
-            raise ShapeError(f"shapes {', '.join(map(str, shapes))} do not broadcast (axis {d})")
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out)
-
-
 def reduce(x: Tensor, axis, agg: str, join: str | Expr = "x0", keepdims: bool = False) -> Tensor:
-    axes = _axes(axis, x.ndim)
+    axes = normalize_axes(axis, x.ndim)
     kept = [d for d in range(x.ndim) if d not in axes]
     if not axes:
         return elementwise(join, x)
@@ -351,7 +323,7 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
         shape = tuple(x.size // rest if s == -1 else s for s in shape)
     if shape == x.shape:
         return x
-    return x.graph._add(Reshape((x.id,), to_shape(shape), x.dtype))
+    return x.graph.add(Reshape((x.id,), to_shape(shape), x.dtype))
 
 
 def cast(x: Tensor, dtype: str) -> Tensor:
@@ -359,18 +331,6 @@ def cast(x: Tensor, dtype: str) -> Tensor:
     if dtype == x.dtype:
         return x
     return elementwise(Cast(dtype, Input(0)), x)
-
-
-def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
-    shape = to_shape(shape)
-    if _broadcast_shapes([x.shape, shape]) != shape:
-        raise ShapeError(f"cannot broadcast {x.shape} to {shape}")
-    rank = len(shape)
-    offset = rank - x.ndim
-    keep = [d for d in range(x.ndim) if not (x.shape[d] == 1 and shape[offset + d] != 1)]
-    t = reshape(x, tuple(x.shape[d] for d in keep))
-    op = Einsummable(shape, (tuple(offset + d for d in keep),), rank, IDENTITY, None, (x.dtype,))
-    return apply(op, [t])
 
 
 def select(shape: Sequence[int], pieces: Sequence[tuple[Tensor, tuple, tuple]],
@@ -388,93 +348,45 @@ def select(shape: Sequence[int], pieces: Sequence[tuple[Tensor, tuple, tuple]],
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) > 1:
         raise DtypeError(f"cannot combine dtypes {sorted(dtypes)} in one tensor; cast first")
-    return g._add(Select(tuple(t.id for t in tensors), tuple(ir_pieces), to_shape(shape), dtypes.pop(), pad))
+    return g.add(Select(tuple(t.id for t in tensors), tuple(ir_pieces), to_shape(shape), dtypes.pop(), pad))
 
 
 def getitem(x: Tensor, key) -> Tensor:
     """Basic numpy indexing: ints, slices with step 1, None and Ellipsis."""
-    if not isinstance(key, tuple):
-        key = (key,)
-    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
-    if sum(1 for k in key if k is Ellipsis) > 1:
-        raise ShapeError("an index can only have a single ellipsis")
-    if n_real > x.ndim:
-        raise ShapeError(f"too many indices ({n_real}) for a tensor of rank {x.ndim}")
-    fill = [slice(None)] * (x.ndim - n_real)
-    if Ellipsis in key:
-        at = key.index(Ellipsis)
-        expanded = [*key[:at], *fill, *key[at + 1 :]]
-    else:
-        expanded = [*key, *fill]
-    box, out_shape, dim = [], [], 0
-    for k in expanded:
-        if k is None:
-            out_shape.append(1)
-            continue
-        n = x.shape[dim]
-        if isinstance(k, int) and not isinstance(k, bool):
-            if not -n <= k < n:
-                raise ShapeError(f"index {k} is out of bounds for axis {dim} with size {n}")
-            k %= n
-            box.append((k, k + 1))
-        elif isinstance(k, slice):
-            start, stop, step = k.indices(n)
-            if step != 1:
-                raise ShapeError(f"slice step {k.step} on axis {dim}: only step 1 is supported")
-            stop = max(start, stop)
-            box.append((start, stop))
-            out_shape.append(stop - start)
-        else:
-            raise ShapeError(f"unsupported index {k!r}; use ints, slices, None or ...")
-        dim += 1
-    if tuple(box) == whole(x.shape):
-        sub = x
-    else:
-        sub = select([hi - lo for lo, hi in box], [(x, tuple(box), (0,) * x.ndim)])
+    box, out_shape = index_box(x.shape, key)
+    sub = x if box == whole(x.shape) else select([hi - lo for lo, hi in box], [(x, box, (0,) * x.ndim)])
     return reshape(sub, out_shape)
 
 
-def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
-    if not tensors:
-        raise ShapeError("concat needs at least one tensor")
-    first = tensors[0]
-    axis = _axes(axis, first.ndim)[0]
-    for t in tensors[1:]:
-        if t.ndim != first.ndim or any(
-            a != b for d, (a, b) in enumerate(zip(t.shape, first.shape, strict=True)) if d != axis
-        ):
-            raise ShapeError(f"concat along axis {axis}: shapes {first.shape} and {t.shape} disagree")
-    if len(tensors) == 1:
-        return first  # as a whole slice is the tensor itself: no copy
-    pieces, offset = [], 0
-    for t in tensors:
-        dst = tuple(offset if d == axis else 0 for d in range(first.ndim))
-        pieces.append((t, whole(t.shape), dst))
-        offset += t.shape[axis]
-    shape = tuple(offset if d == axis else n for d, n in enumerate(first.shape))
-    return select(shape, pieces)
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """numpy's ``matmul``: 1-D operands are promoted, batch dimensions broadcast.
+
+    Written here rather than with ``einsum`` so that ``@`` needs nothing above this file.
+    """
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise SpecError("matmul takes two Tensors")
+    if a.ndim == 0 or b.ndim == 0:
+        raise ShapeError("matmul does not take scalars; use *")
+    a_mat, b_mat = a.ndim > 1, b.ndim > 1
+    if a.shape[-1] != b.shape[-2 if b_mat else 0]:
+        raise ShapeError(f"matmul: {a.shape} @ {b.shape}: inner sizes {a.shape[-1]} and "
+                         f"{b.shape[-2 if b_mat else 0]} differ")
+    batch = broadcast_shapes([a.shape[:-2] if a_mat else (), b.shape[:-2] if b_mat else ()])
+    # join space: the batch axes, then i (rows of a), then k (columns of b), then j summed
+    r = len(batch)
+    i_ax, k_ax = r, r + int(a_mat)
+    j_ax = k_ax + int(b_mat)
+    a_sq, a_term = _batched(a, batch, (i_ax, j_ax) if a_mat else (j_ax,))
+    b_sq, b_term = _batched(b, batch, (j_ax, k_ax) if b_mat else (j_ax,))
+    rows, cols = (a.shape[-2],) if a_mat else (), (b.shape[-1],) if b_mat else ()
+    shape = (*batch, *rows, *cols, a.shape[-1])
+    op = Einsummable(shape, (a_term, b_term), j_ax, PRODUCT, "add", (a.dtype, b.dtype))
+    return apply(op, [a_sq, b_sq])
 
 
-def pad(x: Tensor, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Tensor:
-    if len(widths) != x.ndim:
-        raise ShapeError(f"pad widths {widths} need one (before, after) pair per axis of {x.shape}")
-    shape = tuple(n + a + b for n, (a, b) in zip(x.shape, widths, strict=True))
-    return select(shape, [(x, whole(x.shape), tuple(a for a, _ in widths))], pad=value)
-
-
-def view_as_complex(x: Tensor) -> Tensor:
-    """``f32[..., 2n]`` as ``c64[..., n]``: pairs (re, im) along the last axis."""
-    if x.dtype != "f32" or not x.shape or x.shape[-1] % 2:
-        raise ShapeError(f"view_as_complex needs f32[..., 2n], got {x.dtype}{list(x.shape)}")
-    return x.graph._add(ComplexView((x.id,), (*x.shape[:-1], x.shape[-1] // 2), "c64"))
-
-
-def view_as_real(x: Tensor) -> Tensor:
-    """``c64[..., n]`` as ``f32[..., 2n]``."""
-    if x.dtype != "c64" or not x.shape:
-        raise ShapeError(f"view_as_real needs c64[..., n], got {x.dtype}{list(x.shape)}")
-    return x.graph._add(ComplexView((x.id,), (*x.shape[:-1], 2 * x.shape[-1]), "f32"))
-
-
-def where(cond: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
-    return elementwise("where(x0, x1, x2)", cond, a, b)
+def _batched(t: Tensor, batch: tuple[int, ...], last: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
+    """``t`` with the batch axes it broadcasts dropped, and its axes in matmul's join space."""
+    lead = t.shape[: t.ndim - len(last)]
+    keep = kept_axes(lead, batch)
+    t = reshape(t, (*(lead[d] for d in keep), *t.shape[len(lead):]))
+    return t, (*(len(batch) - len(lead) + d for d in keep), *last)

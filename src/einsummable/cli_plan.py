@@ -1,0 +1,155 @@
+"""``einsummable plan``, ``simulate`` and ``calibrate``: the commands about a cluster that
+plan, predict and measure rather than run, beside the parser in cli.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from einsummable.errors import EinsummableError
+from einsummable.frontend.tensor import Graph
+from einsummable.hardware.cluster import Cluster
+from einsummable.models.llama import model as llama
+from einsummable.models.llama import weights
+from einsummable.models.llama.model import PRESETS, LlamaConfig
+from einsummable.plan import report
+from einsummable.plan.planners import make_plan
+from einsummable.train.grads import output_gradients
+from einsummable.train.optim import adamw
+
+COMPARE_UP_TO = 512  # placing all four baselines for 2048 workers takes minutes
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    if args.model in PRESETS:
+        cfg = PRESETS[args.model]
+    elif Path(args.model).exists():
+        path = Path(args.model)
+        config = json.loads(path.read_text()) if path.is_file() else None
+        cfg = LlamaConfig.from_hf(config) if config is not None else weights.load_config(path)
+    else:
+        raise EinsummableError(f"unknown model {args.model!r}; name one of {sorted(PRESETS)} or a config")
+    cluster = plan_cluster(args)
+    if args.mode == "train":
+        g = training_graph(cfg, args.batch, args.seq, args.optimizer)
+    else:
+        g = Graph()
+        p = llama.parameters(g, cfg)
+        ids = g.input("ids", (args.batch, args.seq))
+        pos = g.ramp((args.batch, args.seq), steps=(0.0, 1.0))
+        g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, args.seq)))
+    n_params = sum(math.prod(s) for s in cfg.parameter_shapes().values())
+    print(f"{args.model}: {n_params / 1e6:,.1f}M parameters, {args.mode} at batch {args.batch} x "
+          f"seq {args.seq}, {len(g.ir)} graph nodes, on {cluster.machines} x {cluster.cores} workers, "
+          f"{cluster.memory_per_machine / 2**30:.4g} GiB per machine")
+    compare = args.compare == "yes" or (args.compare == "auto" and cluster.workers <= COMPARE_UP_TO)
+    start = time.perf_counter()
+    plan = make_plan(g.ir, cluster, args.planner, compare=compare)
+    print(f"planned in {time.perf_counter() - start:.1f} s"
+          + ("" if compare else " (baselines not planned: add --compare yes to see them side by side)"))
+    print(plan if args.full else report.brief(plan))
+
+
+def training_graph(cfg: LlamaConfig, batch: int, seq: int, optimizer: str = "adamw") -> Graph:
+    """One training step: forward, backward and (``adamw``) the optimizer's update, whose
+    moments are inputs and outputs; ``none``: the gradients are the outputs."""
+    g, p, loss = llama.loss_graph(cfg, batch, seq)
+    if optimizer == "adamw":
+        adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
+        return g
+    output_gradients(g, loss, p)
+    g.output("loss", loss)
+    return g
+
+
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str) -> float:
+    """``256GiB``, ``64 GB``, ``1e9``: a byte count."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else None
+    if m is None or unit not in UNITS:
+        raise EinsummableError(f"--memory {text!r}: expected a number and a unit such as 256GiB or 64GB")
+    try:
+        return float(m.group(1)) * UNITS[unit]
+    except ValueError as err:
+        raise EinsummableError(f"--memory {text!r}: {m.group(1)!r} is not a number") from err
+
+
+def plan_cluster(args: argparse.Namespace) -> Cluster:
+    """``--cluster`` (a file from ``einsummable calibrate``), with --machines, --cores and
+    --memory overriding its figures when given."""
+    cluster = Cluster.from_json(args.cluster) if args.cluster else Cluster(machines=1, cores=64)
+    changes: dict[str, float | int] = {}
+    if args.machines is not None:
+        changes["machines"] = args.machines
+    if args.cores is not None:
+        changes["cores"] = args.cores
+    if args.memory is not None:
+        changes["memory_per_machine"] = parse_bytes(args.memory)
+    return replace(cluster, **changes)
+
+
+def cmd_simulate(args: argparse.Namespace) -> None:
+    """Plan a Llama step, lower it at the machine level and replay it task by task (issue 17)."""
+    from einsummable.engines import simulate_cluster
+    from einsummable.engines import trace as timeline
+    from einsummable.errors import PlanError
+    from einsummable.lower.cluster import cluster_graph
+
+    if args.model not in PRESETS:
+        raise EinsummableError(f"unknown model {args.model!r}; name one of {sorted(PRESETS)}")
+    cfg, cluster = PRESETS[args.model], plan_cluster(args)
+    g = training_graph(cfg, args.batch, args.seq, args.optimizer).ir
+    print(f"{args.model} training step, batch {args.batch} x seq {args.seq}: {len(g)} graph nodes, "
+          f"on {cluster}")
+    start = time.perf_counter()
+    try:
+        plan = make_plan(g, cluster, args.planner, compare=False)
+    except PlanError as err:
+        print(f"einsummable: warning: {err}; simulating the plan that ignores memory", file=sys.stderr)
+        plan = make_plan(g, cluster, args.planner, compare=False, check_memory=False)
+    planned = time.perf_counter()
+    cg = cluster_graph(plan)
+    lowered = time.perf_counter()
+    sim = simulate_cluster.run(cg)
+    done = time.perf_counter()
+    print(sim)
+    print(f"  planner's prediction: {plan.summary.step_seconds:.3f} s; took: plan {planned - start:.1f} s, "
+          f"lower {lowered - planned:.1f} s, simulate {done - lowered:.1f} s")
+    if args.json:
+        info = sim.to_dict() | {"model": args.model, "batch": args.batch, "seq": args.seq,
+                                "planner_step_seconds": plan.summary.step_seconds,
+                                "seconds": {"plan": planned - start, "lower": lowered - planned,
+                                            "simulate": done - lowered},
+                                "peak_rss_bytes": _peak_rss()}
+        Path(args.json).write_text(json.dumps(info, indent=1) + "\n")
+    if args.trace:
+        events, lanes = timeline.task_events(cg.tg, sim.sim.timeline)
+        lanes = {k: "cores" if v == "core 0" else v for k, v in lanes.items()}  # a machine's cores, as one
+        timeline.write(events, args.trace, lanes, f"predicted: {args.model} on {cluster}")
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory so far, in bytes (Linux reports KiB, macOS bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    cluster = Cluster.measure(args.machines, args.cores)
+    cluster.to_json(args.out)
+    print(f"{cluster}: GEMM {cluster.flops_per_core / 1e9:.1f} GFLOP/s per core, elementwise "
+          f"{cluster.elementwise_flops_per_core / 1e9:.2f} GFLOP/s, "
+          f"copy {cluster.copy_bandwidth / 1e9:.1f} GB/s, "
+          f"{cluster.memory_per_machine / 2**30:.0f} GiB per machine; wrote {args.out}")
