@@ -3,7 +3,9 @@
 Each placed block becomes tasks at its worker. Operands come through ``fetch``,
 which assembles the box a block reads from the producer's blocks:
 - a producer block that is exactly the box and already there is used as is;
-- remote pieces move once per (block, sub-box, destination) and are shared;
+- remote pieces move once per (block, sub-box, destination) and are shared; a
+  piece from another machine crosses once per machine, to the first of its cores
+  that reads it, and moves on from there to the machine's other cores (``relay``);
 - partial sums are first combined where they live (one partial per location),
   then moved, then combined at the destination; half-precision (f16, bf16) partial
   sums and products stay in f32 until the block that forms them rounds once (a
@@ -59,6 +61,8 @@ class _Lowering:
         # per node: its output partition and, per output block, the tasks holding it
         self.outs: dict[int, tuple[Partition, list[list[Located]]]] = {}
         self.fetched: dict[tuple[int, Box, int], int] = {}
+        # (task, sub-box, machine) -> (task, core) holding that piece after it crossed
+        self.relayed: dict[tuple[int, Box, int], tuple[int, int]] = {}
 
     def add(self, task: Task) -> int:
         """Append a task; an identical task already made is reused (moves, constants)."""
@@ -105,7 +109,7 @@ class _Lowering:
                     )
                     s = tuple((0, hi - lo) for lo, hi in sub)
                 if loc != w:
-                    t = self.add(MoveTask((t,), s, loc, w, kept))
+                    t = self.move(t, s, loc, w, kept)
                     s = tuple((0, hi - lo) for lo, hi in s)
                 pieces.append((t, s, shift(inter, [lo for lo, _ in box])))
         shape = box_shape(box)
@@ -120,6 +124,18 @@ class _Lowering:
             rounding = Einsummable(shape, (every,), len(shape), Cast(node.dtype, Input(0)), None, (kept,))
             t = self.add(ApplyTask(rounding, (t,), w, u))
         return t
+
+    def move(self, t: int, s: Box, src: int, w: int, dtype: str) -> int:
+        """Task t's sub-box s, at ``src``, moved to worker w. Across machines the piece
+        crosses once per machine: later readers there get it from the core it reached."""
+        machine = self.plan.cluster.machine_of
+        if machine(src) == machine(w):
+            return self.add(MoveTask((t,), s, src, w, dtype))
+        key = (t, s, machine(w))
+        if key not in self.relayed:
+            self.relayed[key] = (self.add(MoveTask((t,), s, src, w, dtype)), w)
+        r, at = self.relayed[key]
+        return r if at == w else self.add(MoveTask((r,), whole(self.tasks[r].shape), at, w, dtype))
 
     def partial(self, ts, srcs, dsts, shape, dtype: str, agg: str | None, loc: int, pad: float = 0.0) -> int:
         """A partial of the given pieces; with none (an empty or all-padding block), a constant."""
