@@ -9,8 +9,9 @@
 3. Predicted against simulated: a smaller Llama is planned, lowered to its
    TaskGraph and replayed by the simulator (engines/simulate.py); the planner's
    predicted step time (the hardware model: a machine receives a piece once) and
-   the same with the NIC bytes today's lowering moves (once per core that reads
-   it) are set beside the simulated makespan; the ratio is as-lowered / simulated.
+   the same with the NIC bytes today's lowering moves (a piece once per machine,
+   each core's partial sum on its own) are set beside the simulated makespan;
+   the ratio is as-lowered / simulated.
 
     python benchmarks/plan_two_level.py [--tables 1 2 3] [--machines 1 4 16 32]
 """

@@ -161,8 +161,8 @@ def test_memory_estimate_of_a_chain_counts_what_is_alive():
 def test_lowered_nic_bytes_match_the_model_a_machine_receives_a_piece_once():
     """Data parallel over 2 machines × 4 cores: every core reads the whole weight. The
     lowering moves it across once per machine and on to the other cores inside it, so
-    the TaskGraph's bytes across machines are the hardware model's, not the per-core
-    figure (``nic_bytes_lowered``) the lowering used to move."""
+    the TaskGraph's bytes across machines are the hardware model's (before the relay
+    the busiest NIC moved 2621440 bytes here, once per core, against 2228224)."""
     g = es.Graph()
     x, w = g.input("x", (4096, 256)), g.input("w", (256, 256))
     g.output("y", es.einsum("bd,dh->bh", x, w))
@@ -175,7 +175,7 @@ def test_lowered_nic_bytes_match_the_model_a_machine_receives_a_piece_once():
             nic_out[cluster.machine_of(a)] += n
             nic_in[cluster.machine_of(b)] += n
     s = plan.summary
-    assert max(nic_in.max(), nic_out.max()) == s.nic_bytes < s.nic_bytes_lowered
+    assert max(nic_in.max(), nic_out.max()) == s.nic_bytes == s.nic_bytes_lowered
     assert nic_in.sum() == s.bytes_across
     f = {"x": np.random.default_rng(0).standard_normal((4096, 256), np.float32),
          "w": np.random.default_rng(1).standard_normal((256, 256), np.float32)}

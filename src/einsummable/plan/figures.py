@@ -39,10 +39,9 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
     reduce-scatter moves no more than a reduce).
 
     Without ``cc`` a machine receives each piece once, as the hardware model intends
-    (its cores share memory). With ``cc`` (the counts within a machine) the bytes are
-    those the lowering moves today: each core fetches its own piece from another
-    machine, so a piece that r cores of a machine read whole crosses r times, and
-    each core's partial sum crosses on its own."""
+    (its cores share memory), and so does the lowering (it relays a piece inside the
+    machine). With ``cc`` (the counts within a machine) the bytes are those the
+    lowering moves today: each core's partial sum crosses on its own."""
     nic_in, nic_out = np.zeros(machines), np.zeros(machines)
     at = [model.index(v, c) for v, c in enumerate(cm)]
     spread = [np.arange(math.prod(c)) % machines for c in cm]
@@ -65,11 +64,9 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
                 continue
             need = tuple(cm[v][d] if d is not None else 1 for d in sp.operands[k])
             copies = n // math.prod(need)
-            per_core = 1 if cc is None else math.prod(cc[v]) // math.prod(
-                cc[v][d] for d in sp.operands[k] if d is not None)
-            if (u, need, copies, per_core) not in seen:
-                seen.add((u, need, copies, per_core))
-                charge(model.edge_at(u, v, k, cm, at) * per_core, u, v)
+            if (u, need, copies) not in seen:
+                seen.add((u, need, copies))
+                charge(model.edge_at(u, v, k, cm, at), u, v)
         if sp.aggregated:
             pieces = 1 if cc is None else math.prod(cc[v][d] for d in sp.aggregated)
             charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0) * pieces, v, v)

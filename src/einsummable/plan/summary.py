@@ -12,8 +12,9 @@ A move starts as soon as its block is made, but the blocks that wait on it wait:
 replaying lowered Llama steps (benchmarks/plan_two_level.py, table 3) the simulated
 makespan is close to the busiest core's time plus the busiest NIC's, not the larger
 of the two, so the prediction adds them. The NIC bytes are the hardware model's (a
-machine receives a piece once, its cores share it); today's lowering fetches a
-piece once per core that reads it, which ``nic_bytes_lowered`` counts.
+machine receives a piece once, its cores share it; the lowering relays it inside the
+machine); today's lowering sends each core's partial sum across on its own, which
+``nic_bytes_lowered`` counts.
 
 The binding constraint is memory when the peak passes the capacity, otherwise the
 larger of compute and network.
@@ -100,8 +101,8 @@ class Summary:
     network_seconds: float = 0.0
     memory: Memory | None = None  # the busiest machine's peak
     capacity: float = math.inf  # memory per machine
-    # the busiest NIC as today's lowering moves bytes: each core fetches its own copy of a
-    # piece from another machine, where the hardware model shares one per machine
+    # the busiest NIC as today's lowering moves bytes: each core's partial sum crosses on
+    # its own, where the hardware model combines them inside the machine first
     nic_bytes_lowered: float | None = None
 
     @property
