@@ -39,13 +39,13 @@ def test_tiny_batch_huge_weights_is_model_parallel():
     # Megatron: first layer cuts w1's output dim, second cuts w2's input dim (partial sums)
     assert matmul_counts(plan) == [(1, 8, 1), (1, 1, 8)]
     text = str(plan)
-    assert "split b" in text and "split c (partial sums over c)" in text
+    assert "split k" in text and "split j (partial sums over j)" in text  # the letters of @: ij,jk->ik
 
 
 def test_big_square_matmul_at_64_is_3d():
     plan = make_plan(matmul(8192), Cluster.local(64), compare=False)
     assert matmul_counts(plan) == [(4, 4, 4)]
-    assert "3D on a,b,c (partial sums over c)" in str(plan)
+    assert "3D on i,k,j (partial sums over j)" in str(plan)  # the letters of ij,jk->ik
 
 
 @pytest.mark.parametrize("p", [3, 5, 7, 12])
@@ -98,7 +98,7 @@ def test_eindecomp_is_within_5_percent_of_exhaustive(workload, p):
 
 def test_report_shows_partitions_strategies_and_baselines():
     text = str(make_plan(mlp(65536, 256, 256), Cluster(machines=2, cores=4)))
-    for word in ("plan: eindecomp", "a:8 b:1 c:1", "flops/worker", "imbalance", "predicted s",
+    for word in ("plan: eindecomp", "i:8 k:1 j:1", "flops/worker", "imbalance", "predicted s",
                  "across machines", "peak/machine", "binding constraint", "data_parallel", "fsdp", "megatron",
                  "model_parallel", "uniform", "none"):
         assert word in text, word
@@ -119,3 +119,21 @@ def test_ops_too_small_for_every_worker_still_split(workload):
                 blocks = math.prod(counts[v])
                 assert blocks >= model.targets[v] if name == "eindecomp" else blocks == model.targets[v], \
                     (name, v, counts[v], model.targets[v])
+
+
+def test_plan_report_keeps_the_users_index_letters():
+    """``es.einsum("ij,jk->ik")`` reads as ij,jk->ik in the plan, not as a renamed ac,cb->ab;
+    the letters are for display only: the same op under other letters is the same node."""
+    def graph(spec):
+        g = es.Graph()
+        a, b = g.input("a", (512, 256)), g.input("b", (256, 128))
+        g.output("y", es.einsum(spec, a, b))
+        return g
+
+    g = graph("ij,jk->ik")
+    text = str(es.compile(g, workers=4).plan)
+    assert "einsum[ij,jk->ik x0 * x1 agg=add]" in text
+    assert "i:1 k:1 j:1" in text
+    other = graph("pq,qr->pr").ir
+    assert other.nodes == g.ir.nodes and hash(other.nodes[2]) == hash(g.ir.nodes[2])
+    assert "einsum[pq,qr->pr" in str(es.compile(graph("pq,qr->pr"), workers=4).plan)

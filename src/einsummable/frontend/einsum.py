@@ -18,6 +18,7 @@ from einsummable.frontend.tensor import Tensor, apply, reshape, transpose
 from einsummable.ir import scalar
 from einsummable.ir.einsummable import IDENTITY, PRODUCT, Einsummable
 from einsummable.ir.expr import Expr
+from einsummable.ir.graph import EinsumNode
 
 _VALID = set(string.ascii_letters)
 
@@ -149,7 +150,10 @@ def _single(operands: list[Tensor], terms: list[str], out: str, sizes: dict[str,
     if len(operands) == 1 and join == IDENTITY and agg is None:
         perm = tuple(terms[0].index(ch) for ch in out)
         return transpose(operands[0], perm)
-    return apply(op, operands)
+    t = apply(op, operands)
+    node = t.id if isinstance(t.node, EinsumNode) else t.node.inputs[0]
+    t.graph.ir.index_names[node] = "".join(order)  # the plan report shows the user's letters
+    return t
 
 
 def _contract_path(operands: list[Tensor], terms: list[str], out: str, sizes: dict[str, int]) -> Tensor:

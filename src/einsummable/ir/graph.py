@@ -317,6 +317,9 @@ class EinGraph:
         self.nodes: list[Node] = []
         self.outputs: dict[str, int] = {}
         self.class_ids: list[ClassIds] = []
+        # einsum node id -> the user's index letters in join-space order (out, then summed):
+        # for display only, so ops and their equality never depend on them
+        self.index_names: dict[int, str] = {}
 
     def add(self, node: Node) -> int:
         self._check_node(len(self.nodes), node)

@@ -3,8 +3,11 @@
 Each placed block becomes tasks at its worker. Operands come through ``fetch``,
 which assembles the box a block reads from the producer's blocks:
 - a producer block that is exactly the box and already there is used as is;
-- remote pieces move once per (block, sub-box, destination) and are shared;
-- partial sums are first combined where they live (one partial per location),
+- remote pieces move once per (block, sub-box, destination) and are shared; a
+  piece from another machine crosses once per machine, to the first of its cores
+  that reads it, and moves on from there to the machine's other cores (``relay``);
+- partial sums are first combined where they live (one partial per location), then
+  on another machine inside it (``gather_machines``: one partial per machine crosses),
   then moved, then combined at the destination; half-precision (f16, bf16) partial
   sums and products stay in f32 until the block that forms them rounds once (a
   cast task), so 1 and n workers round alike;
@@ -59,6 +62,8 @@ class _Lowering:
         # per node: its output partition and, per output block, the tasks holding it
         self.outs: dict[int, tuple[Partition, list[list[Located]]]] = {}
         self.fetched: dict[tuple[int, Box, int], int] = {}
+        # (task, sub-box, machine) -> (task, core) holding that piece after it crossed
+        self.relayed: dict[tuple[int, Box, int], tuple[int, int]] = {}
 
     def add(self, task: Task) -> int:
         """Append a task; an identical task already made is reused (moves, constants)."""
@@ -93,19 +98,15 @@ class _Lowering:
         for q, inter in part.overlapping(box):
             origin = [lo for lo, _ in part.box(q)]
             sub = shift(inter, origin)
-            by_loc: dict[int, list[int]] = defaultdict(list)
+            by_loc: dict[int, list[tuple[int, Box]]] = defaultdict(list)
             for t, loc in held[q]:
-                by_loc[loc].append(t)
+                by_loc[loc].append((t, sub))
+            if len(by_loc) > 1:
+                self.gather_machines(by_loc, w, kept, agg)
             for loc, ts in sorted(by_loc.items(), key=lambda item: item[0] != w):
-                if len(ts) == 1:
-                    t, s = ts[0], sub
-                else:  # combine the partial sums that live together before any move
-                    t = self.partial(
-                        ts, [sub] * len(ts), [(0,) * len(sub)] * len(ts), box_shape(sub), kept, agg, loc
-                    )
-                    s = tuple((0, hi - lo) for lo, hi in sub)
+                t, s = self.combine(ts, kept, agg, loc)
                 if loc != w:
-                    t = self.add(MoveTask((t,), s, loc, w, kept))
+                    t = self.move(t, s, loc, w, kept)
                     s = tuple((0, hi - lo) for lo, hi in s)
                 pieces.append((t, s, shift(inter, [lo for lo, _ in box])))
         shape = box_shape(box)
@@ -120,6 +121,42 @@ class _Lowering:
             rounding = Einsummable(shape, (every,), len(shape), Cast(node.dtype, Input(0)), None, (kept,))
             t = self.add(ApplyTask(rounding, (t,), w, u))
         return t
+
+    def combine(self, ts: list[tuple[int, Box]], dtype: str, agg: str | None, loc: int) -> tuple[int, Box]:
+        """The partial sums that live together at loc, summed there before any move."""
+        if len(ts) == 1:
+            return ts[0]
+        shape = box_shape(ts[0][1])
+        t = self.partial([t for t, _ in ts], [s for _, s in ts], [(0,) * len(shape)] * len(ts), shape, dtype,
+                         agg, loc)
+        return t, whole(shape)
+
+    def gather_machines(self, by_loc: dict[int, list[tuple[int, Box]]], w: int, dtype: str,
+                        agg: str | None) -> None:
+        """Partial sums on several cores of another machine meet on its first such core
+        (moves inside a machine), so one sum per machine crosses to w."""
+        machine = self.plan.cluster.machine_of
+        heads: dict[int, int] = {}
+        for loc in sorted(by_loc):
+            if machine(loc) == machine(w):
+                continue
+            head = heads.setdefault(machine(loc), loc)
+            if head != loc:
+                t, s = self.combine(by_loc.pop(loc), dtype, agg, loc)
+                moved = self.add(MoveTask((t,), s, loc, head, dtype))
+                by_loc[head].append((moved, tuple((0, hi - lo) for lo, hi in s)))
+
+    def move(self, t: int, s: Box, src: int, w: int, dtype: str) -> int:
+        """Task t's sub-box s, at ``src``, moved to worker w. Across machines the piece
+        crosses once per machine: later readers there get it from the core it reached."""
+        machine = self.plan.cluster.machine_of
+        if machine(src) == machine(w):
+            return self.add(MoveTask((t,), s, src, w, dtype))
+        key = (t, s, machine(w))
+        if key not in self.relayed:
+            self.relayed[key] = (self.add(MoveTask((t,), s, src, w, dtype)), w)
+        r, at = self.relayed[key]
+        return r if at == w else self.add(MoveTask((r,), whole(self.tasks[r].shape), at, w, dtype))
 
     def partial(self, ts, srcs, dsts, shape, dtype: str, agg: str | None, loc: int, pad: float = 0.0) -> int:
         """A partial of the given pieces; with none (an empty or all-padding block), a constant."""

@@ -27,7 +27,7 @@ from einsummable.plan.twolevel import TwoLevel, rotations
 
 
 def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
-              machines: int, cc: Sequence[tuple[int, ...]] | None = None) -> tuple[np.ndarray, np.ndarray]:
+              machines: int) -> tuple[np.ndarray, np.ndarray]:
     """Bytes into and out of each machine's NIC, leaving the machines that hold the
     producer's blocks and entering those that run the reader's, evenly.
 
@@ -38,11 +38,9 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
     machines send ``(k - 1) |out|`` whatever partition their formation takes (a
     reduce-scatter moves no more than a reduce).
 
-    Without ``cc`` a machine receives each piece once, as the hardware model intends
-    (its cores share memory). With ``cc`` (the counts within a machine) the bytes are
-    those the lowering moves today: each core fetches its own piece from another
-    machine, so a piece that r cores of a machine read whole crosses r times, and
-    each core's partial sum crosses on its own."""
+    A machine receives each piece once and sends one partial sum (its cores share
+    memory); the lowering does the same, relaying pieces and summing partials inside
+    a machine."""
     nic_in, nic_out = np.zeros(machines), np.zeros(machines)
     at = [model.index(v, c) for v, c in enumerate(cm)]
     spread = [np.arange(math.prod(c)) % machines for c in cm]
@@ -65,14 +63,11 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
                 continue
             need = tuple(cm[v][d] if d is not None else 1 for d in sp.operands[k])
             copies = n // math.prod(need)
-            per_core = 1 if cc is None else math.prod(cc[v]) // math.prod(
-                cc[v][d] for d in sp.operands[k] if d is not None)
-            if (u, need, copies, per_core) not in seen:
-                seen.add((u, need, copies, per_core))
-                charge(model.edge_at(u, v, k, cm, at) * per_core, u, v)
+            if (u, need, copies) not in seen:
+                seen.add((u, need, copies))
+                charge(model.edge_at(u, v, k, cm, at), u, v)
         if sp.aggregated:
-            pieces = 1 if cc is None else math.prod(cc[v][d] for d in sp.aggregated)
-            charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0) * pieces, v, v)
+            charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0), v, v)
     return nic_in, nic_out
 
 
@@ -97,7 +92,6 @@ def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel,
               live: Sequence[bool], memory: Memory, model_bytes: float, within: float) -> Summary:
     """``model``: the level-1 cost model (over the machines)."""
     nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines)
-    low_in, low_out = nic_bytes(g, model, tl.cm, live, cluster.machines, tl.cc)
     secs, flops = core_seconds(g, sps, tl, cluster, live)
     busiest = float(max(nic_in.max(), nic_out.max()))
     return Summary(
@@ -111,5 +105,4 @@ def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel,
         network_seconds=busiest / cluster.bandwidth_across,
         memory=memory,
         capacity=cluster.memory_per_machine,
-        nic_bytes_lowered=float(max(low_in.max(), low_out.max())),
     )

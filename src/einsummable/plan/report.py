@@ -3,11 +3,12 @@ then, for this planner and every baseline, the predicted step time, the bytes ac
 and within machines, the peak memory per machine against capacity, and the binding
 constraint (memory, NIC or compute).
 
-    %3 einsum[ac,cb->ab x0 * x1 agg=add] f32[65536,256]  a:8 b:1 c:1  data parallel on a  ...
+    %3 einsum[ij,jk->ik x0 * x1 agg=add] f32[65536,256]  i:8 k:1 j:1  data parallel on i  ...
 """
 
 from __future__ import annotations
 
+from einsummable.ir import scalar
 from einsummable.ir.graph import EinsumNode, Formation, InputNode
 from einsummable.plan.baselines import batch_dims
 
@@ -42,6 +43,29 @@ def _load(sp, part, workers: int) -> str:
     return f"flops/worker {human(most, 'F')} imbalance {most / mean if mean else 1.0:.2f}"
 
 
+def names(g, v: int, sp) -> tuple[str, ...]:
+    """The index letters of node v's space: the user's (``es.einsum("ij,jk->ik")``), for
+    an einsum or the formation of one, when the frontend kept them; else a, b, c..."""
+    node = g.nodes[v]
+    src = node.inputs[0] if isinstance(node, Formation) else v
+    user = g.index_names.get(src) if isinstance(g.nodes[src], EinsumNode) else None
+    if user is None or len(user) < len(sp.names):
+        return sp.names
+    return tuple(user[: len(sp.names)])
+
+
+def label(node, letters: tuple[str, ...]) -> str:
+    """How the report names a node: an einsum by its spec in ``letters``."""
+    if isinstance(node, InputNode):
+        return f"input {node.name!r}"
+    if not isinstance(node, EinsumNode):
+        return node.describe()
+    op = node.op
+    spec = ",".join("".join(letters[i] for i in idx) for idx in op.inputs)
+    text = f"{spec}->{''.join(letters[: op.out_rank])} {scalar.to_string(op.join)}"
+    return f"einsum[{text} agg={op.agg}]" if op.agg else f"einsum[{text}]"
+
+
 def render(plan) -> str:
     g, cluster = plan.graph, plan.cluster
     live = g.live()
@@ -52,14 +76,14 @@ def render(plan) -> str:
         if not live[v]:
             continue
         sp, part = plan.spaces[v], plan.parts[v]
-        label = f"input {node.name!r}" if isinstance(node, InputNode) else node.describe()
+        letters = names(g, v, sp)
         shape = f"{node.dtype}[{','.join(map(str, node.shape))}]"
         if isinstance(node, Formation):
             what = "inherits" if part == plan.out_partition(node.inputs[0]) else "reduce-scatter"
         else:
-            what = strategy(sp.names, part.counts, sp.aggregated, batch[v])
+            what = strategy(letters, part.counts, sp.aggregated, batch[v])
         load = _load(sp, part, cluster.workers) if isinstance(node, EinsumNode) else ""
-        rows.append((f"%{v} {label}", shape, part.describe(sp.names), what, load))
+        rows.append((f"%{v} {label(node, letters)}", shape, part.describe(letters), what, load))
     widths = [max(len(r[i]) for r in rows) for i in range(4)] if rows else [0] * 4
     for r in rows:
         lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])

@@ -12,8 +12,8 @@ A move starts as soon as its block is made, but the blocks that wait on it wait:
 replaying lowered Llama steps (benchmarks/plan_two_level.py, table 3) the simulated
 makespan is close to the busiest core's time plus the busiest NIC's, not the larger
 of the two, so the prediction adds them. The NIC bytes are the hardware model's (a
-machine receives a piece once, its cores share it); today's lowering fetches a
-piece once per core that reads it, which ``nic_bytes_lowered`` counts.
+machine receives a piece once, its cores share it, and sends one partial sum), which
+the lowering follows (it relays pieces and sums partials inside a machine).
 
 The binding constraint is memory when the peak passes the capacity, otherwise the
 larger of compute and network.
@@ -100,9 +100,6 @@ class Summary:
     network_seconds: float = 0.0
     memory: Memory | None = None  # the busiest machine's peak
     capacity: float = math.inf  # memory per machine
-    # the busiest NIC as today's lowering moves bytes: each core fetches its own copy of a
-    # piece from another machine, where the hardware model shares one per machine
-    nic_bytes_lowered: float | None = None
 
     @property
     def bytes_moved(self) -> float:
@@ -117,11 +114,6 @@ class Summary:
     @property
     def step_seconds(self) -> float:
         return self.compute_seconds + self.network_seconds
-
-    def step_seconds_lowered(self, cluster: Cluster) -> float:
-        """The predicted step with the NIC bytes the lowered TaskGraph moves."""
-        nic = self.nic_bytes if self.nic_bytes_lowered is None else self.nic_bytes_lowered
-        return self.compute_seconds + nic / cluster.bandwidth_across
 
     @property
     def peak(self) -> float:
