@@ -92,18 +92,32 @@ def sgd(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", momentum: Hype
 
 def adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", betas: tuple[Hyper, Hyper] = (0.9, 0.999),
          eps: Hyper = 1e-8, weight_decay: Hyper = 0.0, clip_norm: Hyper | None = None) -> TrainStep:
-    """Adam; ``weight_decay`` here is coupled L2 (added to the gradient), as in torch.optim.Adam."""
-    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=False)
+    """Adam; ``weight_decay`` here is coupled L2 (added to every gradient), as in torch.optim.Adam."""
+    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=False, decay_all=True)
 
 
 def adamw(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", betas: tuple[Hyper, Hyper] = (0.9, 0.999),
-          eps: Hyper = 1e-8, weight_decay: Hyper = 0.01, clip_norm: Hyper | None = None) -> TrainStep:
-    """AdamW: weight decay decoupled from the moments, ``w -= lr * (adam_update + wd * w)``."""
-    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=True)
+          eps: Hyper = 1e-8, weight_decay: Hyper = 0.01, clip_norm: Hyper | None = None,
+          decay_all: bool = False) -> TrainStep:
+    """AdamW: weight decay decoupled from the moments, ``w -= lr * (adam_update + wd * w)``.
+
+    As in nanoGPT and the Hugging Face Trainer, only tensors with 2 or more dimensions
+    (matrices, embeddings) decay; gains and biases do not, since shrinking an RMSNorm
+    gain toward 0 is no regulariser. ``decay_all=True`` decays every parameter, as one
+    torch.optim.AdamW parameter group would.
+    """
+    if not isinstance(decay_all, bool):
+        raise OptimizerError(f"decay_all must be True or False, got {decay_all!r}")
+    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=True, decay_all=decay_all)
+
+
+def decays(shape: Sequence[int], decay_all: bool = False) -> bool:
+    """Whether AdamW decays a parameter of this shape: 2 or more dimensions, or all if asked."""
+    return decay_all or len(shape) >= 2
 
 
 def _adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper, betas: tuple[Hyper, Hyper], eps: Hyper,
-          wd: Hyper, clip_norm: Hyper | None, decoupled: bool) -> TrainStep:
+          wd: Hyper, clip_norm: Hyper | None, decoupled: bool, decay_all: bool) -> TrainStep:
     b1, b2 = betas
     _check_hypers(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd)
     graph, names, grads = _backward(loss, params, clip_norm)
@@ -128,7 +142,7 @@ def _adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper, betas: tuple[Hyper,
         c1, c2 = by_dtype[w.dtype]
         # PyTorch's order: the scalar factors lr / c1 and sqrt(c2) are taken once, not per element
         adam_step = "x5 / x3 * x1 / (sqrt(x2) / sqrt(x4) + x6)"
-        if wd != 0 and decoupled:
+        if wd != 0 and decoupled and decays(w.shape, decay_all):
             new_w = elementwise(f"x0 * (1 - x5 * x7) - {adam_step}", w, new_m, new_v, c1, c2, lr, eps, wd)
         else:
             new_w = elementwise(f"x0 - {adam_step}", w, new_m, new_v, c1, c2, lr, eps)

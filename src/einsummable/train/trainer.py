@@ -49,6 +49,7 @@ class TrainConfig:
     min_lr: float = 3e-4
     warmup: int = 20
     weight_decay: float = 0.1
+    decay_all: bool = False  # decay gains too; by default only tensors with 2 or more dimensions
     beta1: float = 0.9
     beta2: float = 0.95
     clip_norm: float | None = 1.0
@@ -161,7 +162,7 @@ class Trainer:
         self.update_graph = g
         c = self.cfg
         return adamw(objective, list(p.values()), lr="lr", betas=(c.beta1, c.beta2),
-                     weight_decay=c.weight_decay, clip_norm=c.clip_norm)
+                     weight_decay=c.weight_decay, clip_norm=c.clip_norm, decay_all=c.decay_all)
 
     @property
     def state(self) -> dict[str, np.ndarray]:
