@@ -34,6 +34,7 @@ from einsummable.models.llama import model as llama
 from einsummable.models.llama import safetensors_io, weights
 from einsummable.models.llama.data import load_data
 from einsummable.models.llama.model import LlamaConfig
+from einsummable.models.llama.tokenizer import TokenizerFiles
 from einsummable.progress import Progress
 from einsummable.train import checkpoint
 from einsummable.train.grads import grad_name, output_gradients
@@ -114,11 +115,14 @@ class Trainer:
     def __init__(self, model: LlamaConfig, params: dict[str, np.ndarray], cfg: TrainConfig,
                  data: np.ndarray, *, engine: str | None = None, workers: int | None = None,
                  opt_state: dict[str, np.ndarray] | None = None, step: int = 0,
-                 data_source: str | None = None) -> None:
-        """``data_source`` (a path, or ``BUNDLED``) is saved so that a resume can find the data."""
+                 data_source: str | None = None, tokenizer: str | Path | None = None) -> None:
+        """``data_source`` (a path, or ``BUNDLED``) is saved so that a resume can find the data.
+        ``tokenizer`` (the model directory the weights came from, or ``"bytes"`` for a
+        byte-level model) gives the tokenizer files and special-token ids every save writes."""
         check_class_ids("the training data", np.asarray(data), model.vocab_size, "token ids")
         self.model, self.cfg, self.data, self.step = model, cfg, data, step
         self.data_record = checkpoint.data_record(data, data_source)
+        self.tokenizer = TokenizerFiles.read(tokenizer)  # read now: the source may be replaced later
         options = {"engine": engine, "workers": workers}
         residuals: list = []
         g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, residuals=residuals)
@@ -226,7 +230,8 @@ class Trainer:
         """
         everything = self.state
         with atomic.replacing(directory) as fresh:
-            weights.write(fresh, self.model, {name: everything[name] for name in self.update.params})
+            weights.write(fresh, self.model, {name: everything[name] for name in self.update.params},
+                          tokenizer=self.tokenizer)
             state = {s.name: everything[s.name] for s in self.update.state}
             safetensors_io.save(state, fresh / "optimizer.safetensors")
             checkpoint.write(fresh, self.step, asdict(self.cfg), self.losses, self.data_record)
@@ -256,7 +261,7 @@ class Trainer:
             raise CheckpointError(f"{directory / 'optimizer.safetensors'} is at step {float(saved):g} but "
                                   f"{where} says {meta['step']}: the files come from different saves")
         trainer = cls(model, params, cfg, data, opt_state=opt_state, step=meta["step"],
-                      data_source=data_source, **options)
+                      data_source=data_source, tokenizer=directory, **options)
         trainer.losses = list(meta["losses"])
         return trainer
 
