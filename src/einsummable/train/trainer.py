@@ -144,7 +144,7 @@ class Trainer:
         self.program = compile(graph, **options)
         if opt_state is not None:
             self._check_optimizer_state(opt_state)
-        state = dict(params) | (opt_state if opt_state is not None else self.update.init_state())
+        state = dict(params) | (opt_state if opt_state is not None else self.update.init_state(params))
         self.session = self.program.session(state)  # weights and moments stay on the workers
         self.losses: list[float] = []
 
