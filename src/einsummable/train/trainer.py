@@ -125,7 +125,11 @@ class Trainer:
         self.tokenizer = TokenizerFiles.read(tokenizer)  # read now: the source may be replaced later
         options = {"engine": engine, "workers": workers}
         residuals: list = []
-        g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, residuals=residuals)
+        dtypes = {str(np.asarray(w).dtype) for w in params.values()}
+        if dtypes - {"float32", "bfloat16"} or len(dtypes) > 1:
+            raise EinsummableError(f"the parameters must be all f32 or all bf16, got {sorted(dtypes)}")
+        dtype = "bf16" if dtypes == {"bfloat16"} else "f32"  # bf16: AdamW keeps f32 masters and moments
+        g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, dtype, residuals=residuals)
         if cfg.accum == 1:
             self.update = self._optimizer(g, p, loss)
         else:
@@ -254,8 +258,9 @@ class Trainer:
                 raise CheckpointError(f"{directory} is at step {meta['step']}; cannot train up to {steps}")
             cfg = replace(cfg, steps=steps)
         data, data_source = _resume_data(where, meta["data"], data, data_source)
-        model, params = weights.load(directory)
         opt_state = safetensors_io.load(directory / "optimizer.safetensors")
+        bf16 = any(name.endswith(".master") for name in opt_state)  # a bf16 run keeps f32 masters
+        model, params = weights.load(directory, "bf16" if bf16 else "f32")
         saved = opt_state.get(STEP)
         if saved is not None and saved.shape == () and float(saved) != meta["step"]:
             raise CheckpointError(f"{directory / 'optimizer.safetensors'} is at step {float(saved):g} but "
