@@ -2,7 +2,8 @@
 
 The same randomly initialised model (default: hidden 512, 8 layers, 8 heads,
 4 kv heads, MLP 1376, byte vocabulary 256, untied head: 23.5M parameters), the same
-batches and the same AdamW (warmup + cosine learning rate, clipping at 1.0) on
+batches and the same AdamW (warmup + cosine learning rate, clipping at 1.0, weight
+decay on tensors with 2 or more dimensions only, so two torch parameter groups) on
 both sides: einsummable's ``Trainer`` and ``Generator`` with the default engine,
 transformers' LlamaForCausalLM with torch.optim.AdamW and ``generate(use_cache=True)``.
 Training losses are checked against torch's step by step. Generation is greedy
@@ -21,6 +22,7 @@ import numpy as np
 
 from common import add_llama_arguments, median_time, report
 from einsummable.models.llama.generate import Generator
+from einsummable.train.optim import decays
 from einsummable.train.trainer import TrainConfig, Trainer, batch_at, lr_at
 from llama_block import hf_model, torch_loss
 
@@ -74,8 +76,12 @@ def training(model, cfg, params, args) -> str:
     start = time.perf_counter()
     trainer = Trainer(cfg, params, tcfg, data, workers=args.workers)
     print(f"compiled the training step in {time.perf_counter() - start:.1f} s")
-    opt = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2),
-                            weight_decay=tcfg.weight_decay)
+    # the Trainer's groups: decay tensors with 2 or more dimensions only (decays() in train/optim.py)
+    groups = [{"params": [p for p in model.parameters() if decays(p.shape, tcfg.decay_all)],
+               "weight_decay": tcfg.weight_decay},
+              {"params": [p for p in model.parameters() if not decays(p.shape, tcfg.decay_all)],
+               "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2))
     torch_losses: list[float] = []
 
     def torch_step():

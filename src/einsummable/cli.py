@@ -105,7 +105,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
     out = Path(args.out)
     train = TrainConfig(**(asdict(DEMO_TRAIN) | {"steps": args.steps}))
     trainer = Trainer(DEMO_MODEL, init_params(DEMO_MODEL, seed=0), train, corpus(),
-                      engine=args.engine, workers=args.workers, data_source=BUNDLED)
+                      engine=args.engine, workers=args.workers, data_source=BUNDLED,
+                      tokenizer=tokenizers.BYTES)
     run_training(trainer, out)
     first, last = np.mean(trainer.losses[:10]), np.mean(trainer.losses[-10:])
     print(f"loss fell from {first:.3f} to {last:.3f} nats/byte")
@@ -125,7 +126,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         train = _train_config(spec.get("train", {}), args.steps, args.config)
         source = source or BUNDLED
         trainer = Trainer(model, init_params(model, train.seed), train, load_data(source),
-                          engine=args.engine, workers=args.workers, data_source=source)
+                          engine=args.engine, workers=args.workers, data_source=source,
+                          tokenizer=tokenizers.BYTES)
         out = Path(args.out or "einsummable-run")
     run_training(trainer, out)
 

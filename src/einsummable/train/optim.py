@@ -31,13 +31,17 @@ from einsummable.ir.graph import InputNode
 
 Hyper = float | str
 STEP = "adam.step"
+LOW_PRECISION = ("bf16", "f16")  # Adam keeps f32 master weights and moments for these
 
 
 @dataclass(frozen=True)
 class StateSpec:
+    """An optimizer state input; ``master_of`` names the parameter whose f32 copy it starts as."""
+
     name: str
     shape: tuple[int, ...]
     dtype: str
+    master_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,15 @@ class TrainStep:
     state: tuple[StateSpec, ...]
     variables: tuple[str, ...]
 
-    def init_state(self) -> dict[str, np.ndarray]:
-        """Zeros for every optimizer state input (moments, step counter)."""
-        return {s.name: np.zeros(s.shape, to_numpy(s.dtype)) for s in self.state}
+    def init_state(self, params: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Zeros for every optimizer state input (moments, step counter), and the f32 master
+        copies of low-precision parameters, taken from ``params``."""
+        masters = [s.master_of for s in self.state if s.master_of is not None]
+        if masters and (params is None or any(m not in params for m in masters)):
+            raise OptimizerError(f"the f32 master weights of {masters} start from the parameters: "
+                                 "pass them, init_state(params)")
+        return {s.name: np.asarray(params[s.master_of], np.float32) if s.master_of is not None
+                else np.zeros(s.shape, to_numpy(s.dtype)) for s in self.state}
 
     def carry(self, outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The next step's parameters and state, picked from one run's outputs."""
@@ -92,18 +102,37 @@ def sgd(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", momentum: Hype
 
 def adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", betas: tuple[Hyper, Hyper] = (0.9, 0.999),
          eps: Hyper = 1e-8, weight_decay: Hyper = 0.0, clip_norm: Hyper | None = None) -> TrainStep:
-    """Adam; ``weight_decay`` here is coupled L2 (added to the gradient), as in torch.optim.Adam."""
-    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=False)
+    """Adam; ``weight_decay`` here is coupled L2 (added to every gradient), as in torch.optim.Adam."""
+    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=False, decay_all=True)
 
 
 def adamw(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", betas: tuple[Hyper, Hyper] = (0.9, 0.999),
-          eps: Hyper = 1e-8, weight_decay: Hyper = 0.01, clip_norm: Hyper | None = None) -> TrainStep:
-    """AdamW: weight decay decoupled from the moments, ``w -= lr * (adam_update + wd * w)``."""
-    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=True)
+          eps: Hyper = 1e-8, weight_decay: Hyper = 0.01, clip_norm: Hyper | None = None,
+          decay_all: bool = False) -> TrainStep:
+    """AdamW: weight decay decoupled from the moments, ``w -= lr * (adam_update + wd * w)``.
+
+    As in nanoGPT and the Hugging Face Trainer, only tensors with 2 or more dimensions
+    (matrices, embeddings) decay; gains and biases do not, since shrinking an RMSNorm
+    gain toward 0 is no regulariser. ``decay_all=True`` decays every parameter, as one
+    torch.optim.AdamW parameter group would.
+
+    A bf16 or f16 parameter ``w`` is updated through an f32 master copy ``w.master``
+    with f32 moments, and re-cast after each step (the autocast-free bf16 recipe): in
+    bf16 alone, an update below the weight's spacing (2^-8 of it) would be lost.
+    ``init_state(params)`` starts the masters from the parameters.
+    """
+    if not isinstance(decay_all, bool):
+        raise OptimizerError(f"decay_all must be True or False, got {decay_all!r}")
+    return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=True, decay_all=decay_all)
+
+
+def decays(shape: Sequence[int], decay_all: bool = False) -> bool:
+    """Whether AdamW decays a parameter of this shape: 2 or more dimensions, or all if asked."""
+    return decay_all or len(shape) >= 2
 
 
 def _adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper, betas: tuple[Hyper, Hyper], eps: Hyper,
-          wd: Hyper, clip_norm: Hyper | None, decoupled: bool) -> TrainStep:
+          wd: Hyper, clip_norm: Hyper | None, decoupled: bool, decay_all: bool) -> TrainStep:
     b1, b2 = betas
     _check_hypers(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd)
     graph, names, grads = _backward(loss, params, clip_norm)
@@ -115,7 +144,12 @@ def _adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper, betas: tuple[Hyper,
     # 1 - 0.999 computed in f32 keeps only four digits.
     corrections = [elementwise("1 - exp(x0 * log(x1))", cast(t, "f64"), b) for b in (b1, b2)]
     by_dtype: dict[str, list[Tensor]] = {}
-    for name, w, g in zip(names, params, grads, strict=True):
+    for name, param, g in zip(names, params, grads, strict=True):
+        w = param
+        if param.dtype in LOW_PRECISION:  # the update runs on an f32 master copy, with f32 moments
+            w = graph.input(f"{name}.master", param.shape, "f32")
+            state.append(StateSpec(w.node.name, w.shape, "f32", master_of=name))
+            g = cast(g, "f32")
         if wd != 0 and not decoupled:
             g = elementwise("x0 + x2 * x1", g, w, wd)
         m = graph.input(f"{name}.m", w.shape, w.dtype)
@@ -128,12 +162,15 @@ def _adam(loss: Tensor, params: Sequence[Tensor], lr: Hyper, betas: tuple[Hyper,
         c1, c2 = by_dtype[w.dtype]
         # PyTorch's order: the scalar factors lr / c1 and sqrt(c2) are taken once, not per element
         adam_step = "x5 / x3 * x1 / (sqrt(x2) / sqrt(x4) + x6)"
-        if wd != 0 and decoupled:
+        if wd != 0 and decoupled and decays(w.shape, decay_all):
             new_w = elementwise(f"x0 * (1 - x5 * x7) - {adam_step}", w, new_m, new_v, c1, c2, lr, eps, wd)
         else:
             new_w = elementwise(f"x0 - {adam_step}", w, new_m, new_v, c1, c2, lr, eps)
         graph.output(f"{name}.m", new_m)
         graph.output(f"{name}.v", new_v)
+        if w is not param:
+            graph.output(w.node.name, new_w)
+            new_w = cast(new_w, param.dtype)
         graph.output(name, new_w)
     return _step(graph, names, state)
 

@@ -34,6 +34,7 @@ from einsummable.models.llama import model as llama
 from einsummable.models.llama import safetensors_io, weights
 from einsummable.models.llama.data import load_data
 from einsummable.models.llama.model import LlamaConfig
+from einsummable.models.llama.tokenizer import TokenizerFiles
 from einsummable.progress import Progress
 from einsummable.train import checkpoint
 from einsummable.train.grads import grad_name, output_gradients
@@ -49,6 +50,7 @@ class TrainConfig:
     min_lr: float = 3e-4
     warmup: int = 20
     weight_decay: float = 0.1
+    decay_all: bool = False  # decay gains too; by default only tensors with 2 or more dimensions
     beta1: float = 0.9
     beta2: float = 0.95
     clip_norm: float | None = 1.0
@@ -113,14 +115,21 @@ class Trainer:
     def __init__(self, model: LlamaConfig, params: dict[str, np.ndarray], cfg: TrainConfig,
                  data: np.ndarray, *, engine: str | None = None, workers: int | None = None,
                  opt_state: dict[str, np.ndarray] | None = None, step: int = 0,
-                 data_source: str | None = None) -> None:
-        """``data_source`` (a path, or ``BUNDLED``) is saved so that a resume can find the data."""
+                 data_source: str | None = None, tokenizer: str | Path | None = None) -> None:
+        """``data_source`` (a path, or ``BUNDLED``) is saved so that a resume can find the data.
+        ``tokenizer`` (the model directory the weights came from, or ``"bytes"`` for a
+        byte-level model) gives the tokenizer files and special-token ids every save writes."""
         check_class_ids("the training data", np.asarray(data), model.vocab_size, "token ids")
         self.model, self.cfg, self.data, self.step = model, cfg, data, step
         self.data_record = checkpoint.data_record(data, data_source)
+        self.tokenizer = TokenizerFiles.read(tokenizer)  # read now: the source may be replaced later
         options = {"engine": engine, "workers": workers}
         residuals: list = []
-        g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, residuals=residuals)
+        dtypes = {str(np.asarray(w).dtype) for w in params.values()}
+        if dtypes - {"float32", "bfloat16"} or len(dtypes) > 1:
+            raise EinsummableError(f"the parameters must be all f32 or all bf16, got {sorted(dtypes)}")
+        dtype = "bf16" if dtypes == {"bfloat16"} else "f32"  # bf16: AdamW keeps f32 masters and moments
+        g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, dtype, residuals=residuals)
         if cfg.accum == 1:
             self.update = self._optimizer(g, p, loss)
         else:
@@ -139,7 +148,7 @@ class Trainer:
         self.program = compile(graph, **options)
         if opt_state is not None:
             self._check_optimizer_state(opt_state)
-        state = dict(params) | (opt_state if opt_state is not None else self.update.init_state())
+        state = dict(params) | (opt_state if opt_state is not None else self.update.init_state(params))
         self.session = self.program.session(state)  # weights and moments stay on the workers
         self.losses: list[float] = []
 
@@ -161,7 +170,7 @@ class Trainer:
         self.update_graph = g
         c = self.cfg
         return adamw(objective, list(p.values()), lr="lr", betas=(c.beta1, c.beta2),
-                     weight_decay=c.weight_decay, clip_norm=c.clip_norm)
+                     weight_decay=c.weight_decay, clip_norm=c.clip_norm, decay_all=c.decay_all)
 
     @property
     def state(self) -> dict[str, np.ndarray]:
@@ -225,7 +234,8 @@ class Trainer:
         """
         everything = self.state
         with atomic.replacing(directory) as fresh:
-            weights.write(fresh, self.model, {name: everything[name] for name in self.update.params})
+            weights.write(fresh, self.model, {name: everything[name] for name in self.update.params},
+                          tokenizer=self.tokenizer)
             state = {s.name: everything[s.name] for s in self.update.state}
             safetensors_io.save(state, fresh / "optimizer.safetensors")
             checkpoint.write(fresh, self.step, asdict(self.cfg), self.losses, self.data_record)
@@ -248,14 +258,15 @@ class Trainer:
                 raise CheckpointError(f"{directory} is at step {meta['step']}; cannot train up to {steps}")
             cfg = replace(cfg, steps=steps)
         data, data_source = _resume_data(where, meta["data"], data, data_source)
-        model, params = weights.load(directory)
         opt_state = safetensors_io.load(directory / "optimizer.safetensors")
+        bf16 = any(name.endswith(".master") for name in opt_state)  # a bf16 run keeps f32 masters
+        model, params = weights.load(directory, "bf16" if bf16 else "f32")
         saved = opt_state.get(STEP)
         if saved is not None and saved.shape == () and float(saved) != meta["step"]:
             raise CheckpointError(f"{directory / 'optimizer.safetensors'} is at step {float(saved):g} but "
                                   f"{where} says {meta['step']}: the files come from different saves")
         trainer = cls(model, params, cfg, data, opt_state=opt_state, step=meta["step"],
-                      data_source=data_source, **options)
+                      data_source=data_source, tokenizer=directory, **options)
         trainer.losses = list(meta["losses"])
         return trainer
 

@@ -17,6 +17,7 @@ from einsummable.ir.dtypes import to_numpy
 from einsummable.models import atomic
 from einsummable.models.llama import safetensors_io
 from einsummable.models.llama.config import LlamaConfig
+from einsummable.models.llama.tokenizer import TokenizerFiles
 
 
 def hf_shape(cfg: LlamaConfig, name: str) -> tuple[int, ...]:
@@ -128,19 +129,24 @@ def load(model_dir: str | Path, dtype: str = "f32") -> tuple[LlamaConfig, dict[s
 
 
 def save(model_dir: str | Path, cfg: LlamaConfig, params: dict[str, np.ndarray],
-         extra: dict[str, np.ndarray] | None = None) -> None:
+         extra: dict[str, np.ndarray] | None = None,
+         tokenizer: str | Path | TokenizerFiles | None = None) -> None:
     """Write config.json and model.safetensors in the Hugging Face layout.
 
-    The directory is replaced whole (see ``atomic``): a crash during the save
-    leaves the previous model as it was.
+    ``tokenizer`` (the directory the model came from, ``"bytes"``, or ``TokenizerFiles``)
+    adds its tokenizer files and special-token ids. The directory is replaced whole
+    (see ``atomic``): a crash during the save leaves the previous model as it was.
     """
+    files = tokenizer if isinstance(tokenizer, TokenizerFiles) else TokenizerFiles.read(tokenizer)
     with atomic.replacing(model_dir) as fresh:
-        write(fresh, cfg, params, extra)
+        write(fresh, cfg, params, extra, files)
 
 
 def write(model_dir: Path, cfg: LlamaConfig, params: dict[str, np.ndarray],
-          extra: dict[str, np.ndarray] | None = None) -> None:
+          extra: dict[str, np.ndarray] | None = None, tokenizer: TokenizerFiles | None = None) -> None:
     """The files of ``save``, written into an existing directory (one being assembled)."""
     (model_dir / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
     tensors = {name: to_hf(cfg, name, np.asarray(w)) for name, w in params.items()}
     safetensors_io.save(tensors | (extra or {}), model_dir / "model.safetensors")
+    if tokenizer is not None:
+        tokenizer.write(model_dir)
