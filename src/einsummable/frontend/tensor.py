@@ -381,7 +381,11 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     rows, cols = (a.shape[-2],) if a_mat else (), (b.shape[-1],) if b_mat else ()
     shape = (*batch, *rows, *cols, a.shape[-1])
     op = Einsummable(shape, (a_term, b_term), j_ax, PRODUCT, "add", (a.dtype, b.dtype))
-    return apply(op, [a_sq, b_sq])
+    t = apply(op, [a_sq, b_sq])
+    node = t.id if isinstance(t.node, EinsumNode) else t.node.inputs[0]
+    letters = "abcdefghlmnopqrstuvwxyz"[:r] + "i" * a_mat + "k" * b_mat + "j"
+    t.graph.ir.index_names[node] = letters  # the plan report shows matmul's letters: ij,jk->ik
+    return t
 
 
 def _batched(t: Tensor, batch: tuple[int, ...], last: tuple[int, ...]) -> tuple[Tensor, tuple[int, ...]]:
