@@ -131,7 +131,8 @@ class Trainer:
         dtype = "bf16" if dtypes == {"bfloat16"} else "f32"  # bf16: AdamW keeps f32 masters and moments
         g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, dtype, residuals=residuals)
         if cfg.accum == 1:
-            self.update = self._optimizer(g, p, loss)
+            self.update = self._optimizer(p, loss)
+            graph = self._remat(g, loss, residuals)
         else:
             output_gradients(g, loss, p)
             g.output("loss", loss)
@@ -143,8 +144,8 @@ class Trainer:
                 letters = "abcdefgh"[: w.ndim]
                 term = einsum(f"{letters},{letters}->", u.input(grad_name(name), w.shape, w.dtype), w)
                 objective = term if objective is None else objective + term
-            self.update = self._optimizer(u, up, objective)
-        graph = self._remat(g, loss, residuals) if cfg.accum == 1 else self.update_graph
+            self.update = self._optimizer(up, objective)
+            graph = u  # micro-batches run self.micro; the update runs on the summed gradients
         self.program = compile(graph, **options)
         if opt_state is not None:
             self._check_optimizer_state(opt_state)
@@ -166,8 +167,7 @@ class Trainer:
     def _remat(self, g: Graph, loss, residuals: list):
         return rematerialize(g.ir, loss, residuals) if self.cfg.remat else g
 
-    def _optimizer(self, g: Graph, p: dict, objective) -> TrainStep:
-        self.update_graph = g
+    def _optimizer(self, p: dict, objective) -> TrainStep:
         c = self.cfg
         return adamw(objective, list(p.values()), lr="lr", betas=(c.beta1, c.beta2),
                      weight_decay=c.weight_decay, clip_norm=c.clip_norm, decay_all=c.decay_all)
