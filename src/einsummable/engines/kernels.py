@@ -21,10 +21,10 @@ import numpy as np
 
 from einsummable.engines import native
 from einsummable.engines.gemm import contraction, upcast
+from einsummable.engines.interpret import WIDE, Compiled
 from einsummable.ir import scalar
 from einsummable.ir.box import Box
-from einsummable.ir.compiled import HALF, WIDE, Compiled
-from einsummable.ir.dtypes import to_numpy
+from einsummable.ir.dtypes import HALF, to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
 from einsummable.ir.expr import ONE, ZERO, Cast, Const, Expr, Input, call, inputs_used, substitute
 from einsummable.ir.graph import Constant, FillKind, Ramp, Tril
