@@ -21,6 +21,7 @@ import numpy as np
 
 from common import add_llama_arguments
 from einsummable.engines import cbuild, kernels, local, native
+from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.expr import variables_used
 from einsummable.lower.taskgraph import ApplyTask, PartialTask
 from einsummable.train.trainer import TrainConfig, Trainer
@@ -151,7 +152,7 @@ def per_op(cfg, params, tcfg, data, args) -> None:
     total = {"compiled": 0.0, "numpy": 0.0}
     for op, count in ops.items():
         shapes = [tuple(op.join_shape[i] for i in idx) for idx in op.inputs]
-        arrays = [(np.abs(rng.standard_normal(s)) + 0.5).astype(kernels.to_numpy(d))
+        arrays = [(np.abs(rng.standard_normal(s)) + 0.5).astype(to_numpy(d))
                   for s, d in zip(shapes, op.dtypes, strict=True)]
         variables = dict.fromkeys(variables_used(op.join), 1e-3)
         compiled = kernels.prepare(op)

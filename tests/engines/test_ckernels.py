@@ -24,7 +24,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from einsummable.engines import cbuild, kernels, native
+from einsummable.engines import cbuild, native, reference_kernel
+from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Const, Expr, Input, Var, call, inputs_used
 
@@ -85,7 +86,7 @@ def _values(rng: np.random.Generator, shape: tuple[int, ...], dtype: str, specia
     if special:
         hit = rng.random(shape) < 0.15
         x[hit] = rng.choice(SPECIAL, size=int(hit.sum()))
-    out = x.astype(kernels.to_numpy(dtype))
+    out = x.astype(to_numpy(dtype))
     if out.ndim and rng.random() < 0.3:  # a strided view, as a slice of a larger block hands over
         wide = np.repeat(out, 2, axis=-1)
         out = wide[..., ::2]
@@ -115,8 +116,8 @@ def _oracle(op: Einsummable, arrays, variables, agg=True, widen=WIDE) -> np.ndar
         op = Einsummable(op.join_shape, op.inputs, op.rank, op.join, None, wide)
     else:
         op = Einsummable(op.join_shape, op.inputs, op.out_rank, op.join, op.agg, wide)
-    widened = [np.asarray(a, dtype=kernels.to_numpy(d)) for a, d in zip(arrays, wide, strict=True)]
-    return kernels.einsum(op, widened, variables)
+    widened = [np.asarray(a, dtype=to_numpy(d)) for a, d in zip(arrays, wide, strict=True)]
+    return reference_kernel.einsum(op, widened, variables)
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray, zeros_equal: bool) -> np.ndarray:
@@ -128,7 +129,7 @@ def _same_bits(got: np.ndarray, want: np.ndarray, zeros_equal: bool) -> np.ndarr
 
 
 def _check(op, arrays, variables, got, want):
-    assert got.dtype == kernels.to_numpy(op.dtype) and got.shape == op.out_shape
+    assert got.dtype == to_numpy(op.dtype) and got.shape == op.out_shape
     want = want.astype(got.dtype)
     if op.agg in (None, "min", "max"):
         ok = _same_bits(got, want, zeros_equal=op.agg is not None)
@@ -199,7 +200,7 @@ def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def test_vector_math_special_values_and_ulps(dtype):
     """Each vector math function (libmvec) against numpy: special values bit-equal,
     others within the stated ulps."""
-    np_dtype = kernels.to_numpy(dtype)
+    np_dtype = to_numpy(dtype)
     tiny = np.finfo(np_dtype).smallest_subnormal
     big = np.finfo(np_dtype).max
     special = np.array([math.nan, -math.nan, math.inf, -math.inf, 0.0, -0.0, tiny, -tiny, big, -big],
@@ -215,7 +216,7 @@ def test_vector_math_special_values_and_ulps(dtype):
     native.flush()
     for name, op in ops.items():
         with np.errstate(all="ignore"):
-            got, want = compiled[name]([xs], None), kernels.einsum(op, [xs])
+            got, want = compiled[name]([xs], None), reference_kernel.einsum(op, [xs])
         n = len(special)
         same = _same_bits(got[:n], want[:n], zeros_equal=False)
         assert same.all(), f"{name}({special[~same]}) = {got[:n][~same]}, numpy {want[:n][~same]}"
@@ -234,7 +235,7 @@ def test_min_max_where_compare_on_every_pair_of_special_values(dtype):
     """numpy's semantics, bit for bit: min/max propagate NaN and return the second operand on
     ties (so max(-0.0, 0.0) is 0.0 and max(0.0, -0.0) is -0.0); where selects exactly."""
     values = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.5]
-    a, b = (np.array(v, dtype=kernels.to_numpy(dtype)).reshape(7, 7) for v in
+    a, b = (np.array(v, dtype=to_numpy(dtype)).reshape(7, 7) for v in
             zip(*[(p, q) for p in values for q in values], strict=True))
     joins = ["max(x0, x1)", "min(x0, x1)", "relu(x0) + x1 * 0", "where(x0 < x1, x0, x1)",
              "where(x0 >= x1, x1, -x0)", "where(x0 != x1, abs(x0), x1)", "where(x0 == x1, 1, 0) * x1"]
@@ -245,6 +246,6 @@ def test_min_max_where_compare_on_every_pair_of_special_values(dtype):
     native.flush()
     for op, kernel in zip(ops, compiled, strict=True):
         with np.errstate(all="ignore"):
-            got, want = kernel([a, b], None), _oracle(op, [a, b], None).astype(kernels.to_numpy(dtype))
+            got, want = kernel([a, b], None), _oracle(op, [a, b], None).astype(to_numpy(dtype))
         same = _same_bits(got, want, zeros_equal=op.agg is not None)
         assert same.all(), f"{op.join}: {got[~same]} vs numpy {want[~same]}"

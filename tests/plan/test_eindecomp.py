@@ -137,3 +137,28 @@ def test_plan_report_keeps_the_users_index_letters():
     other = graph("pq,qr->pr").ir
     assert other.nodes == g.ir.nodes and hash(other.nodes[2]) == hash(g.ir.nodes[2])
     assert "einsum[pq,qr->pr" in str(es.compile(graph("pq,qr->pr"), workers=4).plan)
+
+
+@pytest.mark.parametrize("planner", ["eindecomp", "data_parallel"])
+def test_build_takes_the_planners_spaces_and_checks_each_fact_once(monkeypatch, planner):
+    """make_plan works out the spaces and liveness once and build reuses them; the
+    partitions and the placement are each checked once (issue 21 item 4)."""
+    from einsummable.ir.graph import EinGraph
+    from einsummable.plan import plan as plan_module
+    from einsummable.plan import planners
+
+    calls = {"spaces": 0, "live": 0, "check_plan": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(planners, "spaces", counted("spaces", planners.spaces))
+    monkeypatch.setattr(plan_module, "spaces", counted("spaces", plan_module.spaces))
+    monkeypatch.setattr(EinGraph, "live", counted("live", EinGraph.live))
+    monkeypatch.setattr(plan_module, "check_plan", counted("check_plan", plan_module.check_plan))
+    plan = make_plan(matmul(64), Cluster(machines=1, cores=4), planner, compare=False)
+    assert calls == {"spaces": 1, "live": 1, "check_plan": 1}
+    plan.validate()  # what build skipped re-checking still holds

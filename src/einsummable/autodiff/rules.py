@@ -28,8 +28,7 @@ from einsummable.frontend.builders import view_as_complex, view_as_real
 from einsummable.frontend.tensor import Tensor, apply, reshape, select
 from einsummable.ir import scalar
 from einsummable.ir.box import Box, box_shape, intersect, place, volume, whole
-from einsummable.ir.compiled import HALF
-from einsummable.ir.dtypes import COMPLEX, real_of
+from einsummable.ir.dtypes import COMPLEX, HALF, real_of
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import (
     ONE,

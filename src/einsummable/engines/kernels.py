@@ -1,13 +1,9 @@
-"""Numpy kernels for every node kind, over whole tensors or single blocks.
+"""The engines' fast kernels: ``prepare(op)`` picks once per block op how it runs.
 
-Any einsummable runs: contractions go to ``np.einsum``/BLAS, everything else is
-its compiled join over broadcast views followed by a ufunc reduction.
-
-Half precision (f16, bf16) is computed and accumulated in f32 and rounded once,
-when the kernel returns, as torch and JAX reduce: a bf16 sum of 4096 x 0.1 that
-accumulated in bf16 would stall at 32. A half-precision partial sum that the
-lowering keeps in f32 (the join wrapped in ``cast(.., f32)``) is the same kernel
-without the final rounding.
+BLAS for contractions, gathers for equality joins, factored or unrolled reductions,
+generated C where the join has it, and the interpreted numpy join for the rest. Every
+choice computes what the reference kernel (reference_kernel.py) computes; half
+precision is computed in f32 and rounded once, when the kernel returns.
 """
 
 from __future__ import annotations
@@ -20,115 +16,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from einsummable.engines import native
-from einsummable.engines.gemm import contraction, upcast
+from einsummable.engines.gemm import contraction
+from einsummable.engines.reference_kernel import REDUCE, accumulator, align, alignment, compiled, kept_wide
 from einsummable.ir import scalar
-from einsummable.ir.box import Box
-from einsummable.ir.compiled import HALF, WIDE, Compiled
 from einsummable.ir.dtypes import to_numpy
-from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
+from einsummable.ir.einsummable import IDENTITY, Einsummable
 from einsummable.ir.expr import ONE, ZERO, Cast, Const, Expr, Input, call, inputs_used, substitute
-from einsummable.ir.graph import Constant, FillKind, Ramp, Tril
 from einsummable.ir.scalar_ops import is_call
-
-REDUCE = {"add": np.add, "mul": np.multiply, "min": np.minimum, "max": np.maximum}
-
-
-@functools.lru_cache(maxsize=4096)
-def compiled(join: Expr, dtypes: tuple[str, ...]) -> Compiled:
-    return Compiled(join, dtypes)
-
-
-def accumulator(op: Einsummable) -> np.dtype | None:
-    """The dtype a sum or product of ``op`` accumulates in, when it is not its own:
-    f32 for the half types (a min or max is exact in any)."""
-    return WIDE if op.dtype in HALF and op.agg in ("add", "mul") else None
-
-
-def kept_wide(op: Einsummable) -> Einsummable | None:
-    """The half-precision op inside ``cast(join, f32)``, a partial sum the lowering keeps
-    in f32 until its formation rounds it once; None for any other op."""
-    join = op.join
-    if not (isinstance(join, Cast) and join.dtype == "f32" and op.agg in ("add", "mul")):
-        return None
-    inner = Einsummable(op.join_shape, op.inputs, op.out_rank, join.arg, op.agg, op.dtypes)
-    return inner if inner.dtype in HALF else None
-
-
-def einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None = None) -> np.ndarray:
-    """Evaluate ``op`` on arrays shaped like its inputs; returns a fresh array."""
-    result = np.broadcast_to(_evaluate(kept_wide(op) or op, arrays, variables), op.out_shape)
-    return np.array(result, dtype=to_numpy(op.dtype), copy=True)
-
-
-def _evaluate(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None) -> np.ndarray:
-    """``einsum`` before its final rounding: half precision comes back in f32."""
-    covered = set(range(op.out_rank)) <= {i for idx in op.inputs for i in idx}
-    plain = len(op.inputs) == 1 and op.join == IDENTITY and op.agg in (None, "add")
-    if covered and (op.is_contraction() or plain):
-        arrays = upcast(arrays)
-        subs = ",".join("".join(letter(i) for i in idx) for idx in op.inputs)
-        out = "".join(letter(i) for i in range(op.out_rank))
-        return np.einsum(f"{subs}->{out}", *arrays, optimize=len(arrays) > 1)
-    if math.prod(op.join_shape) > JOIN_LIMIT and op.out_rank and op.join_shape[0] > 1:
-        return _in_slabs(op, arrays, variables)
-    views = [_align(a, idx, op.join_shape) for a, idx in zip(arrays, op.inputs, strict=True)]
-    joined = compiled(op.join, op.dtypes)(*views, variables=variables, wide=op.agg is not None)
-    if op.agg is not None:
-        joined = REDUCE[op.agg].reduce(joined, axis=op.aggregated, dtype=accumulator(op))
-    return joined
-
-
-JOIN_LIMIT = 1 << 24  # join-space elements the reference materialises at once
-
-
-def _in_slabs(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict | None) -> np.ndarray:
-    """The same op, slab by slab along its first output index, so memory stays bounded."""
-    n = op.join_shape[0]
-    step = max(1, n * JOIN_LIMIT // math.prod(op.join_shape))
-    parts = []
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        sliced = [a[tuple(slice(lo, hi) if i == 0 else slice(None) for i in idx)]
-                  for a, idx in zip(arrays, op.inputs, strict=True)]
-        block = op.block((hi - lo, *op.join_shape[1:]))
-        parts.append(np.broadcast_to(_evaluate(block, sliced, variables), block.out_shape))
-    return np.concatenate(parts, axis=0)
-
-
-def _alignment(idx: tuple[int, ...], join_shape: tuple[int, ...]) -> tuple[list[int], tuple[int, ...]]:
-    """The transpose and reshape that view an operand with its axes in join order and
-    size-1 axes for the indices it lacks; kernels work it out once, at prepare."""
-    axes = sorted(range(len(idx)), key=idx.__getitem__)
-    return axes, tuple(n if i in idx else 1 for i, n in enumerate(join_shape))
-
-
-def _align(a: np.ndarray, idx: tuple[int, ...], join_shape: tuple[int, ...]) -> np.ndarray:
-    axes, shape = _alignment(idx, join_shape)
-    return a.transpose(axes).reshape(shape)
-
-
-def fill(kind: FillKind, dtype: str, box: Box) -> np.ndarray:
-    """The block ``box`` of a fill; the whole fill when box covers its shape."""
-    shape = tuple(hi - lo for lo, hi in box)
-    np_dtype = to_numpy(dtype)
-    if isinstance(kind, Constant):
-        return np.full(shape, kind.value, dtype=np_dtype)
-    if isinstance(kind, Tril):
-        (r0, r1), (c0, c1) = box[-2:]
-        rows = np.arange(r0, r1)[:, None]
-        cols = np.arange(c0, c1)[None, :]
-        mask = (cols - rows) <= kind.offset
-        plane = np.where(mask, kind.inside, kind.outside).astype(np_dtype)
-        return np.ascontiguousarray(np.broadcast_to(plane, shape))
-    assert isinstance(kind, Ramp)
-    out = np.full(shape, kind.start, dtype=np.float64)
-    for d, ((lo, hi), step) in enumerate(zip(box, kind.steps, strict=True)):
-        if step:
-            view = [1] * len(shape)
-            view[d] = hi - lo
-            out = out + step * np.arange(lo, hi, dtype=np.float64).reshape(view)
-    return out.astype(np_dtype)
-
 
 Kernel = Callable[[Sequence[np.ndarray], dict | None], np.ndarray]
 
@@ -166,12 +60,12 @@ def _body(op: Einsummable) -> Kernel:
             return _gather(op, arrays, *match)
     elif len(op.inputs) == 1 and op.agg is None and op.join in (IDENTITY, Cast(op.dtype, IDENTITY)):
         def body(arrays, variables):  # a cast is the kernel's own final astype
-            return _align(arrays[0], op.inputs[0], op.join_shape)
+            return align(arrays[0], op.inputs[0], op.join_shape)
     elif op.join == IDENTITY and len(op.inputs) == 1:
         reduce = REDUCE[op.agg].reduce if op.agg else None
 
         def body(arrays, variables):
-            view = _align(arrays[0], op.inputs[0], op.join_shape)
+            view = align(arrays[0], op.inputs[0], op.join_shape)
             return reduce(view, axis=op.aggregated, dtype=acc) if reduce else view
     elif _aggregated_size(op) > 0 and (split := _outer_factors(op)) is not None:
         body = _factored(op, *split)
@@ -184,7 +78,7 @@ def _body(op: Einsummable) -> Kernel:
         summed = tuple(k for k, i in enumerate(order) if i >= op.out_rank)
         back = tuple(np.argsort([i for i in order if i < op.out_rank]))
 
-        aligned = [_alignment(idx, op.join_shape) for idx in op.inputs]
+        aligned = [alignment(idx, op.join_shape) for idx in op.inputs]
 
         def body(arrays, variables):
             views = [a.transpose(axes).reshape(shape).transpose(order)
@@ -308,7 +202,7 @@ def _small_reduce(op: Einsummable) -> Kernel:
     keep = (slice(None),) * op.out_rank
 
     def body(arrays, variables):
-        views = [_align(a, idx, op.join_shape) for a, idx in zip(arrays, op.inputs, strict=True)]
+        views = [align(a, idx, op.join_shape) for a, idx in zip(arrays, op.inputs, strict=True)]
         out = None
         for at in positions:
             term = fn(*(v[keep + _at(at, v.shape[op.out_rank :])] for v in views),
@@ -360,7 +254,7 @@ def _gather(op: Einsummable, arrays: Sequence[np.ndarray], a: int, b: int, c: in
     """
     rank, outs = op.rank, set(range(op.out_rank))
     m_idx = sorted(set(op.inputs[a]) | set(op.inputs[b]))
-    mask = _align(arrays[a], op.inputs[a], op.join_shape) == _align(arrays[b], op.inputs[b], op.join_shape)
+    mask = align(arrays[a], op.inputs[a], op.join_shape) == align(arrays[b], op.inputs[b], op.join_shape)
     mask = np.broadcast_to(mask, [op.join_shape[i] if i in m_idx else 1 for i in range(rank)])
     coords = dict(zip(m_idx, np.nonzero(mask.reshape([op.join_shape[i] for i in m_idx])), strict=True))
     c_idx = op.inputs[c]

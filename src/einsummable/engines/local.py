@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from einsummable.engines import kernels, native, scheduler
+from einsummable.engines import kernels, native, reference_kernel, scheduler
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.ir.box import slices, whole
@@ -85,7 +85,7 @@ def _input(task: InputTask):
 
 
 def _constant(task: ConstantTask):
-    return lambda args, feeds, variables: kernels.fill(task.kind, task.dtype, task.box)
+    return lambda args, feeds, variables: reference_kernel.fill(task.kind, task.dtype, task.box)
 
 
 def _apply(task: ApplyTask):
@@ -102,7 +102,7 @@ def _partial(task: PartialTask):
     full = whole(task.shape)
     pieces = [(p.input, slices(p.src), slices(p.dst_box), p.dst_box == full) for p in task.pieces]
     dtype = to_numpy(task.dtype)
-    reduce = kernels.REDUCE[task.agg] if task.agg else None
+    reduce = reference_kernel.REDUCE[task.agg] if task.agg else None
     if all(whole for *_, whole in pieces):
         (k0, src0, _, _), rest = pieces[0], pieces[1:]
 

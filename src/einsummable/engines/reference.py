@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from einsummable.engines import kernels, scheduler
+from einsummable.engines import reference_kernel, scheduler
 from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.graph import (
@@ -28,7 +28,7 @@ def _input(node: InputNode, args, feeds, variables):
 
 
 def _einsum(node: EinsumNode, args, feeds, variables):
-    return kernels.einsum(node.op, args, variables)
+    return reference_kernel.einsum(node.op, args, variables)
 
 
 def _formation(node: Formation, args, feeds, variables):
@@ -36,7 +36,7 @@ def _formation(node: Formation, args, feeds, variables):
 
 
 def _fill(node: Fill, args, feeds, variables):
-    return kernels.fill(node.kind, node.dtype, whole(node.shape))
+    return reference_kernel.fill(node.kind, node.dtype, whole(node.shape))
 
 
 def _select(node: Select, args, feeds, variables):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from einsummable.engines import kernels, scheduler
+from einsummable.engines import reference_kernel, scheduler
 from einsummable.engines.blocks import assemble
 from einsummable.ir.box import slices
 from einsummable.ir.dtypes import to_numpy
@@ -30,11 +30,11 @@ def _input(task: InputTask, args, feeds, variables):
 
 
 def _constant(task: ConstantTask, args, feeds, variables):
-    return kernels.fill(task.kind, task.dtype, task.box)
+    return reference_kernel.fill(task.kind, task.dtype, task.box)
 
 
 def _apply(task: ApplyTask, args, feeds, variables):
-    return kernels.einsum(task.op, args, variables)
+    return reference_kernel.einsum(task.op, args, variables)
 
 
 def _move(task: MoveTask, args, feeds, variables):
@@ -50,7 +50,7 @@ def _partial(task: PartialTask, args, feeds, variables):
         if written is None:
             out[dst] = piece
             continue
-        combined = kernels.REDUCE[task.agg](out[dst], piece)
+        combined = reference_kernel.REDUCE[task.agg](out[dst], piece)
         out[dst] = np.where(written[dst], combined, piece)
         written[dst] = True
     return out

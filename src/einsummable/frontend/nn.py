@@ -16,6 +16,7 @@ from einsummable.frontend.class_ids import mark_class_ids
 from einsummable.frontend.einsum import einsum
 from einsummable.frontend.shapes import normalize_axes
 from einsummable.frontend.tensor import Tensor, elementwise, matmul
+from einsummable.ir.dtypes import HALF
 
 __all__ = [
     "cross_entropy",
@@ -29,9 +30,6 @@ __all__ = [
     "silu",
     "softmax",
 ]
-
-
-HALF = ("f16", "bf16")
 
 
 def _up(expr: str, dtype: str) -> str:

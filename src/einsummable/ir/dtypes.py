@@ -23,6 +23,7 @@ NAMES: dict[str, str] = {
 DTYPES = tuple(NAMES)
 FLOATS = ("f16", "bf16", "f32", "f64")
 COMPLEX = ("c64",)
+HALF = ("f16", "bf16")  # computed and accumulated in f32, rounded once (engines/interpret.py)
 DEFAULT = "f32"
 _ITEMSIZE = {"bool": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8}
 _BY_NAME = {v: k for k, v in NAMES.items()}

@@ -105,13 +105,14 @@ def _fold(op: str, values: list[float | complex]) -> Const | None:
         arrays[1] = values[1]
     complex_in = any(isinstance(v, complex) for v in values)
     to_complex = complex_in and op not in ("abs", "real", "imag")
-    out = np.empty((), dtype=np.complex128 if to_complex else np.float64)
     with np.errstate(all="ignore"):
         try:
-            rule.kernel(out, *arrays)
+            out = np.asarray(rule.value(*arrays))
         except TypeError:
             return None
-    return Const(complex(out) if out.dtype.kind == "c" else float(out))
+    if out.dtype.kind == "c" and not to_complex:
+        return None  # a complex value where the op's result is real
+    return Const(complex(out) if to_complex else float(out))
 
 
 def _simplify(e: Expr) -> Expr:
@@ -191,10 +192,7 @@ def _rewrite(op: str, kids: tuple[Expr, ...]) -> Expr | None:
 
 
 def _fold_compare(cond: Call) -> bool | None:
-    out = np.empty((), dtype=bool)
-    values = [np.asarray(k.value) for k in cond.args]
-    OPS[cond.op].kernel(out, *values)
-    return bool(out)
+    return bool(OPS[cond.op].value(*(np.asarray(k.value) for k in cond.args)))
 
 
 # ---------------------------------------------------------------- derivative

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import replace
 
 from einsummable.ir.box import Box, box_shape, shift, whole
-from einsummable.ir.compiled import HALF
+from einsummable.ir.dtypes import HALF
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Cast, Input
 from einsummable.ir.graph import (

@@ -80,13 +80,17 @@ def build(
     parts: Sequence[Partition],
     planner: str = "given",
     model_bytes: float = 0.0,
+    sps: Sequence[Space] | None = None,
+    live: Sequence[bool] | None = None,
 ) -> Plan:
-    sps = spaces(g)
+    """Place ``parts`` and sum the plan up; ``sps`` and ``live``, when the planner has
+    them already, are ``spaces(g)`` and ``g.live()``, not worked out again."""
+    sps = tuple(sps) if sps is not None else spaces(g)
+    live = list(live) if live is not None else g.live()
     parts = inherit(g, sps, parts)
     check_plan(g, sps, parts, cluster)
-    live = g.live()
     placed = place(g, sps, parts, cluster, live)
-    check_plan(g, sps, parts, cluster, placed.locs)
+    check_locs(g, parts, cluster, placed.locs)  # the partitions were checked above
     held = np.zeros((len(g.nodes), cluster.machines))
     for v, node in enumerate(g.nodes):
         if not holds_nothing(g, sps, v):
@@ -137,9 +141,17 @@ def check_plan(
             src = node.inputs[0]
             if part != parts[src].restrict(sps[src].out_dims):
                 raise PlanError(f"{where}: a formation must keep the output partition of %{src}")
-        if locs is not None:
-            if len(locs[nid]) != part.num_blocks:
-                raise PlanError(f"{where}: {part.num_blocks} blocks but {len(locs[nid])} locations")
-            bad = [w for w in locs[nid] if not 0 <= w < cluster.workers]
-            if bad:
-                raise PlanError(f"{where}: locations {bad} outside 0..{cluster.workers - 1}")
+    if locs is not None:
+        check_locs(g, parts, cluster, locs)
+
+
+def check_locs(g: EinGraph, parts: Sequence[Partition], cluster: Cluster,
+               locs: Sequence[tuple[int, ...]]) -> None:
+    """Every block of every node has one worker, and that worker exists."""
+    for nid, (node, part) in enumerate(zip(g.nodes, parts, strict=True)):
+        where = f"%{nid} ({node.describe()})"
+        if len(locs[nid]) != part.num_blocks:
+            raise PlanError(f"{where}: {part.num_blocks} blocks but {len(locs[nid])} locations")
+        bad = [w for w in locs[nid] if not 0 <= w < cluster.workers]
+        if bad:
+            raise PlanError(f"{where}: locations {bad} outside 0..{cluster.workers - 1}")

@@ -72,7 +72,7 @@ def _plan(g: EinGraph, cluster: Cluster, planner: str, check_memory: bool) -> Pl
         return _two_level(g, sps, live, cluster, planner, check_memory)
     model = CostModel(g, sps, cluster.workers, cluster, live)
     counts = choose(planner, g, sps, model, live)
-    plan = build(g, cluster, partitions(sps, counts), planner, model.evaluate(counts, live))
+    plan = build(g, cluster, partitions(sps, counts), planner, model.evaluate(counts, live), sps, live)
     memory = plan.summary.memory
     if check_memory and memory is not None and memory.peak > cluster.memory_per_machine:
         raise PlanError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} GiB on "

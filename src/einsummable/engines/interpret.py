@@ -11,16 +11,17 @@ values and round after the reduction, so a sum rounds once, not once per term.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from einsummable.ir.dtypes import to_numpy
+from einsummable.ir.dtypes import HALF, to_numpy
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, children
 from einsummable.ir.scalar import _variable, dtype_of, parse, result_dtype
-from einsummable.ir.scalar_ops import OPS, is_call
+from einsummable.ir.scalar_ops import GELU_A, GELU_C, is_call
 
-HALF = ("f16", "bf16")
+Kernel = Callable[..., None]  # writes the op's value into its first argument, an ``out`` buffer
 WIDE = np.dtype(np.float32)  # where half precision is computed and accumulated
 
 
@@ -91,8 +92,7 @@ class Compiled:
                 rounds = e.dtype in HALF
                 rule_kernel, inplace = (_rounding(to_numpy(e.dtype)) if rounds else _cast_kernel), False
             else:
-                rule = OPS[e.op]
-                rule_kernel, inplace = rule.kernel, rule.inplace
+                rule_kernel, inplace = KERNELS[e.op]
                 if e.op == "pow":
                     args = (args[0], ("scalar", e.args[1].value))
             self._steps.append((rule_kernel, args, working(dtype), inplace))
@@ -175,6 +175,118 @@ def _rounding(half: np.dtype):
         np.copyto(out, np.asarray(a).astype(half), casting="unsafe")
 
     return kernel
+
+
+def _ufunc(uf: np.ufunc) -> Kernel:
+    def kernel(out: np.ndarray, *args: np.ndarray) -> None:
+        uf(*args, out=out)
+
+    return kernel
+
+
+def _sigmoid(out: np.ndarray, a: np.ndarray) -> None:
+    # 0.5 * tanh(0.5 a) + 0.5: stable for large |a|, and four ufunc calls in place.
+    np.multiply(a, 0.5, out=out)
+    np.tanh(out, out=out)
+    np.multiply(out, 0.5, out=out)
+    np.add(out, 0.5, out=out)
+
+
+def _silu(out: np.ndarray, a: np.ndarray) -> None:
+    _sigmoid(out, a)
+    np.multiply(out, a, out=out)
+
+
+def _gelu(out: np.ndarray, a: np.ndarray) -> None:
+    # The tanh approximation (GPT-2, "gelu_new"): numpy has no vectorised erf.
+    np.multiply(a, a, out=out)
+    np.multiply(out, GELU_A, out=out)
+    np.add(out, 1.0, out=out)
+    np.multiply(out, a, out=out)
+    np.multiply(out, GELU_C, out=out)
+    np.tanh(out, out=out)
+    np.add(out, 1.0, out=out)
+    np.multiply(out, a, out=out)
+    np.multiply(out, 0.5, out=out)
+
+
+def _rsqrt(out: np.ndarray, a: np.ndarray) -> None:
+    np.sqrt(a, out=out)
+    np.reciprocal(out, out=out)
+
+
+def _relu(out: np.ndarray, a: np.ndarray) -> None:
+    np.maximum(a, 0, out=out)
+
+
+_SAME_SIZE_INT = {2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def _where_kernel(out: np.ndarray, c: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    # A bitwise select, (a & m) | (b & ~m) with m all ones where c holds: exact for every
+    # value (nan and inf included) and branch-free; copyto(where=) on a random mask is ~10x slower.
+    itype = _SAME_SIZE_INT.get(out.dtype.itemsize)
+    if itype is None or out.dtype == np.bool_ or out.dtype.kind == "c":
+        np.copyto(out, b)
+        np.copyto(out, a, where=c)
+        return
+    mask = np.asarray(c).astype(itype)
+    np.negative(mask, out=mask)
+    bits = out.view(itype)
+    np.bitwise_and(_bits(a, out.dtype, itype), mask, out=bits)
+    if not (np.ndim(b) == 0 and float(b) == 0.0 and math.copysign(1.0, float(b)) > 0):
+        np.bitwise_or(bits, np.bitwise_and(_bits(b, out.dtype, itype), np.invert(mask)), out=bits)
+
+
+def _bits(x: np.ndarray | float, dtype: np.dtype, itype: type) -> np.ndarray:
+    arr = np.asarray(x, dtype=dtype) if not isinstance(x, np.ndarray) or x.dtype != dtype else x
+    return arr.view(itype)
+
+
+def _real(out: np.ndarray, a: np.ndarray) -> None:
+    np.copyto(out, np.real(a))
+
+
+def _imag(out: np.ndarray, a: np.ndarray) -> None:
+    np.copyto(out, np.imag(a))
+
+
+def _copy(out: np.ndarray, a: np.ndarray) -> None:
+    np.copyto(out, a)
+
+
+def _pow_kernel(out: np.ndarray, a: np.ndarray, c: float) -> None:
+    if c == 2:
+        np.multiply(a, a, out=out)
+    elif c == 0.5:
+        np.sqrt(a, out=out)
+    elif c == -1:
+        np.reciprocal(a, out=out)
+    elif c == 1:
+        np.copyto(out, a)
+    else:
+        np.power(a, c, out=out)
+
+
+_INPLACE = {name: (_ufunc(uf), True) for name, uf in {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "neg": np.negative,
+    "abs": np.absolute, "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "sin": np.sin, "cos": np.cos,
+    "tanh": np.tanh, "min": np.minimum, "max": np.maximum, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal,
+    "conj": np.conjugate}.items()}
+# op name -> (its numpy kernel, whether it may write into a buffer one of its args occupies)
+KERNELS: dict[str, tuple[Kernel, bool]] = _INPLACE | {
+    "pow": (_pow_kernel, True),
+    "rsqrt": (_rsqrt, True),
+    "sigmoid": (_sigmoid, True),
+    "silu": (_silu, False),
+    "relu": (_relu, True),
+    "gelu": (_gelu, False),
+    "where": (_where_kernel, False),
+    "stop_gradient": (_copy, True),
+    "real": (_real, True),
+    "imag": (_imag, True),
+}
 
 
 def compile_expr(e: Expr | str, input_dtypes: Sequence[str]) -> Compiled:
