@@ -4,7 +4,6 @@
 import re
 
 import einsummable as es
-from einsummable.frontend.core import Graph
 from einsummable.hardware.cluster import Cluster
 from einsummable.plan import report
 from einsummable.plan.planners import make_plan
@@ -45,7 +44,7 @@ def test_human_units_are_binary_for_bytes_and_decimal_for_flops():
 
 
 def test_all_whole_plan_says_why():
-    g = Graph()
+    g = es.Graph()
     x = g.input("x", (4, 4))
     g.output("y", (x * 2.0).exp())
     plan = make_plan(g.ir, Cluster(machines=1, cores=64), "eindecomp", compare=False)
