@@ -40,6 +40,7 @@ from einsummable.frontend.core import (
     where,
 )
 from einsummable.frontend.einsum import einsum, matmul
+from einsummable.frontend.tensor_extras import stack
 from einsummable.hardware.cluster import Cluster
 
 try:
@@ -79,6 +80,7 @@ __all__ = [
     "reduce",
     "reshape",
     "simulate",
+    "stack",
     "train",
     "transpose",
     "view_as_complex",

@@ -161,7 +161,13 @@ class Tensor:
         return matmul(o, self)
 
     def __getitem__(self, key) -> Tensor:
-        return getitem(self, key)
+        return _extras().getitem(self, key)
+
+    def __rpow__(self, base): return _extras().rpow(base, self)
+    def argmax(self, axis=None, keepdims: bool = False): return _extras().argmax(self, axis, keepdims)
+    def argmin(self, axis=None, keepdims: bool = False): return _extras().argmin(self, axis, keepdims)
+    def var(self, axis=None, keepdims=False, ddof=0): return _extras().var(self, axis, keepdims, ddof)
+    def std(self, axis=None, keepdims=False, ddof=0): return _extras().std(self, axis, keepdims, ddof)
 
     def __bool__(self):
         raise GraphError("a Tensor has no truth value until the graph runs; use where(...) in a join")
@@ -228,6 +234,13 @@ class Tensor:
 # ------------------------------------------------------------ primitive builders
 
 
+def _extras():
+    """frontend/tensor_extras.py, imported late: it builds on this module."""
+    from einsummable.frontend import tensor_extras
+
+    return tensor_extras
+
+
 def apply(op: Einsummable, tensors: Sequence[Tensor]) -> Tensor:
     """Append an einsummable, and its formation when it aggregates."""
     g = _common_graph(tensors)
@@ -265,6 +278,7 @@ def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
     ``w - "lr" * g`` reads the learning rate when the program runs.
     """
     expr = scalar.parse(join)
+    args = tuple(_extras().promote(args))  # f16 with f32 computes in f32, as numpy does
     tensors = [a for a in args if isinstance(a, Tensor)]
     if not tensors:
         raise GraphError("elementwise needs at least one Tensor operand")
