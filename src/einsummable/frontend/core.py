@@ -13,7 +13,7 @@ from einsummable.errors import DtypeError, GraphError, ShapeError
 from einsummable.ir import scalar
 from einsummable.ir.box import whole
 from einsummable.ir.dot import render, to_dot
-from einsummable.ir.dtypes import DEFAULT, canonical
+from einsummable.ir.dtypes import DEFAULT, canonical, common_float
 from einsummable.ir.einsummable import IDENTITY, Einsummable
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, substitute
 from einsummable.ir.graph import (
@@ -160,14 +160,8 @@ class Tensor:
 
         return matmul(o, self)
 
-    def __getitem__(self, key) -> Tensor:
-        return _extras().getitem(self, key)
-
-    def __rpow__(self, base): return _extras().rpow(base, self)
-    def argmax(self, axis=None, keepdims: bool = False): return _extras().argmax(self, axis, keepdims)
-    def argmin(self, axis=None, keepdims: bool = False): return _extras().argmin(self, axis, keepdims)
-    def var(self, axis=None, keepdims=False, ddof=0): return _extras().var(self, axis, keepdims, ddof)
-    def std(self, axis=None, keepdims=False, ddof=0): return _extras().std(self, axis, keepdims, ddof)
+    def __getitem__(self, key) -> Tensor:  # steps and masks: frontend/tensor_extras.py
+        return getitem(self, key)
 
     def __bool__(self):
         raise GraphError("a Tensor has no truth value until the graph runs; use where(...) in a join")
@@ -234,13 +228,6 @@ class Tensor:
 # ------------------------------------------------------------ primitive builders
 
 
-def _extras():
-    """frontend/tensor_extras.py, imported late: it builds on this module."""
-    from einsummable.frontend import tensor_extras
-
-    return tensor_extras
-
-
 def apply(op: Einsummable, tensors: Sequence[Tensor]) -> Tensor:
     """Append an einsummable, and its formation when it aggregates."""
     g = _common_graph(tensors)
@@ -278,7 +265,9 @@ def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
     ``w - "lr" * g`` reads the learning rate when the program runs.
     """
     expr = scalar.parse(join)
-    args = tuple(_extras().promote(args))  # f16 with f32 computes in f32, as numpy does
+    target = common_float([a.dtype for a in args if isinstance(a, Tensor)])  # f16 * f32 is f32, as in numpy
+    if target is not None:
+        args = tuple(cast(a, target) if isinstance(a, Tensor) and a.dtype != target else a for a in args)
     tensors = [a for a in args if isinstance(a, Tensor)]
     if not tensors:
         raise GraphError("elementwise needs at least one Tensor operand")

@@ -1,6 +1,7 @@
 """numpy surface on a Tensor beyond the core builders: step slicing, ``2 ** x``, argmax and
-argmin, var and std, ``stack``, and numpy's float promotion. Kept apart from frontend/core.py,
-which holds the primitive builders; the Tensor's methods call in here."""
+argmin, var and std, ``stack``. Kept apart from frontend/core.py, which holds the primitive
+builders: this module builds on them and attaches its methods to the Tensor at import
+(einsummable/__init__.py imports it), so core never imports it back."""
 
 from __future__ import annotations
 
@@ -11,19 +12,6 @@ import numpy as np
 
 from einsummable.errors import DtypeError, ShapeError
 from einsummable.frontend import core
-
-_FLOAT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
-
-
-def promote(args: Sequence[object]) -> list[object]:
-    """numpy's promotion for mixed float Tensors: each is cast to the widest float among them
-    (f16 with bf16 meets at f32, as torch does). Other mixes are left for the IR to refuse."""
-    dtypes = {a.dtype for a in args if isinstance(a, core.Tensor)}
-    if len(dtypes) < 2 or not dtypes <= set(_FLOAT_BITS):
-        return list(args)
-    bits = max(_FLOAT_BITS[d] for d in dtypes)
-    target = "f32" if bits == 16 else f"f{bits}"
-    return [core.cast(a, target) if isinstance(a, core.Tensor) and a.dtype != target else a for a in args]
 
 
 def rpow(base: object, x: core.Tensor) -> core.Tensor:
@@ -135,3 +123,11 @@ def _pick(y: core.Tensor, axis: int, picks: range) -> core.Tensor:
         box = tuple((i, i + 1) if d == axis else (0, n) for d, n in enumerate(y.shape))
         pieces.append((y, box, tuple(j if d == axis else 0 for d in range(y.ndim))))
     return core.select(shape, pieces)
+
+
+core.Tensor.__getitem__ = getitem
+core.Tensor.__rpow__ = lambda self, base: rpow(base, self)
+core.Tensor.argmax = argmax
+core.Tensor.argmin = argmin
+core.Tensor.var = var
+core.Tensor.std = std
