@@ -27,6 +27,7 @@ from einsummable.frontend import nn
 from einsummable.frontend.builders import broadcast_to, concat, pad, view_as_complex, view_as_real, where
 from einsummable.frontend.einsum import einsum
 from einsummable.frontend.tensor import Graph, Tensor, cast, elementwise, matmul, reduce, reshape, transpose
+from einsummable.frontend.tensor_extras import stack
 from einsummable.hardware.cluster import Cluster
 
 try:
@@ -66,6 +67,7 @@ __all__ = [
     "reduce",
     "reshape",
     "simulate",
+    "stack",
     "train",
     "transpose",
     "view_as_complex",

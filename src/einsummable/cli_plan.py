@@ -20,6 +20,7 @@ from einsummable.models.llama import weights
 from einsummable.models.llama.model import PRESETS, LlamaConfig
 from einsummable.plan import report
 from einsummable.plan.planners import make_plan
+from einsummable.progress import CLEAR_TO_END
 from einsummable.train.grads import output_gradients
 from einsummable.train.optim import adamw
 
@@ -50,7 +51,13 @@ def cmd_plan(args: argparse.Namespace) -> None:
           f"{cluster.memory_per_machine / 2**30:.4g} GiB per machine")
     compare = args.compare == "yes" or (args.compare == "auto" and cluster.workers <= COMPARE_UP_TO)
     start = time.perf_counter()
+    if sys.stderr.isatty():  # planning a big cluster takes up to minutes: say it is under way
+        sys.stderr.write(f"planning {len(g.ir)} nodes for {cluster.workers} workers"
+                         f"{' and the baselines' if compare else ''}...")
+        sys.stderr.flush()
     plan = make_plan(g.ir, cluster, args.planner, compare=compare)
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + CLEAR_TO_END)
     print(f"planned in {time.perf_counter() - start:.1f} s"
           + ("" if compare else " (baselines not planned: add --compare yes to see them side by side)"))
     print(plan if args.full else report.brief(plan))

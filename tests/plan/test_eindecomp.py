@@ -98,8 +98,8 @@ def test_eindecomp_is_within_5_percent_of_exhaustive(workload, p):
 
 def test_report_shows_partitions_strategies_and_baselines():
     text = str(make_plan(mlp(65536, 256, 256), Cluster(machines=2, cores=4)))
-    for word in ("plan: eindecomp", "i:8 k:1 j:1", "flops/worker", "imbalance", "predicted s",
-                 "across machines", "peak/machine", "binding constraint", "data_parallel", "fsdp", "megatron",
+    for word in ("plan: eindecomp", "i:8 k:1 j:1", "flops/worker", "imbalance", "step s",
+                 "across", "peak", "binding constraint", "data_parallel", "fsdp", "megatron",
                  "model_parallel", "uniform", "none"):
         assert word in text, word
 

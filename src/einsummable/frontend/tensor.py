@@ -19,7 +19,7 @@ from einsummable.frontend.shapes import broadcast_shapes, index_box, kept_axes, 
 from einsummable.ir import scalar
 from einsummable.ir.box import whole
 from einsummable.ir.dot import render, to_dot
-from einsummable.ir.dtypes import DEFAULT, canonical
+from einsummable.ir.dtypes import DEFAULT, canonical, common_float
 from einsummable.ir.einsummable import IDENTITY, PRODUCT, Einsummable
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, substitute
 from einsummable.ir.graph import (
@@ -163,7 +163,7 @@ class Tensor:
     def __rmatmul__(self, o):
         return matmul(o, self)
 
-    def __getitem__(self, key) -> Tensor:
+    def __getitem__(self, key) -> Tensor:  # steps and masks: frontend/tensor_extras.py
         return getitem(self, key)
 
     def __bool__(self):
@@ -252,6 +252,9 @@ def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
     ``w - "lr" * g`` reads the learning rate when the program runs.
     """
     expr = scalar.parse(join)
+    target = common_float([a.dtype for a in args if isinstance(a, Tensor)])  # f16 * f32 is f32, as in numpy
+    if target is not None:
+        args = tuple(cast(a, target) if isinstance(a, Tensor) and a.dtype != target else a for a in args)
     tensors = [a for a in args if isinstance(a, Tensor)]
     if not tensors:
         raise GraphError("elementwise needs at least one Tensor operand")

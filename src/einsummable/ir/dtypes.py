@@ -5,6 +5,7 @@ nodes stay hashable. bf16 comes from ``ml_dtypes``, imported on first use: it ta
 most of a second to import, and planning, printing and simulating never need it.
 """
 
+from collections.abc import Sequence
 from functools import cache
 
 import numpy as np
@@ -27,6 +28,16 @@ HALF = ("f16", "bf16")  # computed and accumulated in f32, rounded once (engines
 DEFAULT = "f32"
 _ITEMSIZE = {"bool": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8}
 _BY_NAME = {v: k for k, v in NAMES.items()}
+
+
+def common_float(dtypes: Sequence[str]) -> str | None:
+    """numpy's promotion of mixed floats: the widest (f16 with bf16 meets at f32, as in
+    torch); None when there is no mix of floats to promote."""
+    kinds = set(dtypes)
+    if len(kinds) < 2 or not kinds <= set(FLOATS):
+        return None
+    bits = max(8 * _ITEMSIZE[d] for d in kinds)
+    return "f32" if bits == 16 else f"f{bits}"
 _REAL_OF = {"c64": "f32"}
 
 

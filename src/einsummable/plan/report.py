@@ -12,13 +12,25 @@ from einsummable.ir import scalar
 from einsummable.ir.graph import EinsumNode, Formation, InputNode
 from einsummable.plan.baselines import batch_dims
 
+WIDTH = 120  # a report line fits this many columns
+
 
 def human(n: float, unit: str = "B") -> str:
+    """Bytes in binary units (KiB, MiB, GiB, TiB); flops as F, KF, MF, GF, TF."""
+    step, tail = (1024, "iB") if unit == "B" else (1000, unit)
     for prefix in ("", "K", "M", "G", "T"):
-        if abs(n) < 1000 or prefix == "T":
-            return f"{n:.0f} {prefix}{unit}" if prefix == "" else f"{n:.3g} {prefix}{unit}"
-        n /= 1000
+        if abs(n) < step or prefix == "T":
+            return f"{n:.0f} {unit}" if prefix == "" else f"{n:.3g} {prefix}{tail}"
+        n /= step
     return f"{n} {unit}"
+
+
+def shorten(text: str, width: int) -> str:
+    """Cut a long label (a join expression) in its middle so that it fits ``width``."""
+    if len(text) <= width:
+        return text
+    keep = max(1, width - 1)
+    return text[: keep - keep // 3] + "…" + text[len(text) - keep // 3:]
 
 
 def strategy(names: tuple[str, ...], counts: tuple[int, ...], aggregated: tuple[int, ...],
@@ -84,50 +96,92 @@ def render(plan) -> str:
             what = strategy(letters, part.counts, sp.aggregated, batch[v])
         load = _load(sp, part, cluster.workers) if isinstance(node, EinsumNode) else ""
         rows.append((f"%{v} {label(node, letters)}", shape, part.describe(letters), what, load))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)] if rows else [0] * 4
-    for r in rows:
-        lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+    lines += _rows(rows)
     return "\n".join([*lines, "", *table(plan)])
 
 
 GiB = 2**30
 
 
+def _aligned(rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))).rstrip() for r in rows]
+
+
+def _rows(rows: list[tuple[str, ...]]) -> list[str]:
+    """One line per node when that fits WIDTH; else two: the node and its shape, then its
+    partition, strategy and load indented; a long join expression is cut in its middle."""
+    if not rows:
+        return []
+    one = _aligned(rows)
+    if max(map(len, one)) <= WIDTH:
+        return one
+    shape = max(len(r[1]) for r in rows)
+    heads = _aligned([(shorten(r[0], WIDTH - 4 - shape), r[1]) for r in rows])
+    tails = _aligned([r[2:] for r in rows], indent="      ")
+    return [line for pair in zip(heads, tails, strict=True) for line in pair]
+
+
 def table(plan) -> list[str]:
     """Every planner's predicted step, bytes, peak memory and binding constraint."""
-    header = ("planner", "predicted s", "compute s", "NIC s", "across machines", "busiest NIC",
-              "within machines", "peak/machine", "fits", "binding", "planner cost")
+    header = ("planner", "step s", "compute s", "NIC s", "across", "busiest NIC",
+              "within", "peak", "fits", "binding", "planner cost")
     rows = [header]
     for name, s in ((plan.planner, plan.summary), *plan.baselines):
         star = " *" if name == plan.planner else ""
         rows.append((name + star, f"{s.step_seconds:.3g}", f"{s.compute_seconds:.3g}",
                      f"{s.network_seconds:.3g}", human(s.bytes_across), human(s.nic_bytes),
-                     human(s.bytes_within), f"{s.peak / GiB:.3g} GiB",
+                     human(s.bytes_within), human(s.peak),
                      "yes" if s.fits else "no", s.binding, human(s.model_bytes)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     out = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     s = plan.summary
-    out.append(f"  memory per machine: {plan.cluster.memory_per_machine / GiB:.3g} GiB; {plan.planner} peak "
-               + (s.memory.describe() if s.memory is not None else "unknown"))
+    out.append(f"  memory per machine: {plan.cluster.memory_per_machine / GiB:.3g} GiB")
+    out.append(f"  {plan.planner} peak " + (s.memory.describe() if s.memory is not None else "unknown"))
     out.append(f"  binding constraint of {plan.planner}: {s.binding}")
-    out.append("  predicted s = busiest core's kernels (or the critical path)"
-               " + busiest NIC's bytes / bandwidth;"
-               " planner cost = the bytes the planner's cost model charges (replicas, partial sums,"
+    out.append("  across, within = bytes moved between machines, between the cores of one machine;"
+               " peak = memory per machine")
+    out.append("  step s = busiest core's kernels (or the critical path)"
+               " + busiest NIC's bytes / bandwidth;")
+    out.append("  planner cost = the bytes the planner's cost model charges (replicas, partial sums,"
                " repartitions)")
+    return out
+
+
+def _kind(counts: tuple[int, ...], batch: int | None) -> str:
+    """A partition in words: whole, data parallel (split on the batch only), or split in kD."""
+    split = [d for d, c in enumerate(counts) if c > 1]
+    if not split:
+        return "whole"
+    if split == [batch]:
+        return "data parallel (batch)"
+    return f"split in {len(split)}D"
+
+
+def words(plan) -> list[str]:
+    """The strategy of every einsum in words, and why when every op stays whole."""
+    g = plan.graph
+    live = g.live()
+    batch = batch_dims(g, plan.spaces)
+    kinds: dict[str, int] = {}
+    work = 0.0
+    for v, node in enumerate(g.nodes):
+        if live[v] and isinstance(node, EinsumNode):
+            kind = _kind(plan.parts[v].counts, batch[v])
+            kinds[kind] = kinds.get(kind, 0) + 1
+            work += plan.spaces[v].flops
+    total = sum(kinds.values())
+    mix = ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    out = [f"  {total:,} einsums: {mix}" if total else "  no einsums"]
+    if total and kinds.get("whole") == total and plan.cluster.workers > 1:
+        per = work / total / plan.cluster.workers
+        out.append(f"  every op stays whole: too little work per block for {plan.cluster.workers} cores"
+                   f" (about {human(per, 'F')} per core per op;")
+        out.append("  a block's task overhead and moves would cost more than splitting saves)")
     return out
 
 
 def brief(plan) -> str:
     """The report without its per-node rows: strategy counts and the planners' table."""
-    g = plan.graph
-    live = g.live()
-    batch = batch_dims(g, plan.spaces)
-    counts: dict[str, int] = {}
-    for v, node in enumerate(g.nodes):
-        if live[v] and isinstance(node, EinsumNode):
-            what = strategy(plan.spaces[v].names, plan.parts[v].counts, plan.spaces[v].aggregated, batch[v])
-            kind = what.split(" (")[0] if what.startswith(("data", "whole")) else what.split(" ")[0]
-            counts[kind] = counts.get(kind, 0) + 1
-    mix = ", ".join(f"{n} {k}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))
     head = f"plan: {plan.planner} on {plan.cluster} ({plan.cluster.workers} workers)"
-    return "\n".join([head, f"  einsums: {mix}", *table(plan)])
+    return "\n".join([head, *words(plan), *table(plan)])
