@@ -8,20 +8,7 @@ import pytest
 
 from einsummable import progress
 from einsummable.progress import Progress
-
-
-class Terminal:
-    def __init__(self):
-        self.text = ""
-
-    def isatty(self):
-        return True
-
-    def write(self, s):
-        self.text += s
-
-    def flush(self):
-        pass
+from fakes import Terminal
 
 
 def test_our_own_bar_clears_the_line_and_shows_an_eta(monkeypatch):

@@ -14,6 +14,7 @@ from einsummable.errors import EngineError
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.lowering import lower
 from einsummable.plan.plan import build
+from fakes import Terminal
 from graphgen import random_graph, random_partitions
 
 
@@ -88,20 +89,6 @@ def test_peak_memory_of_a_chain_stays_near_the_plans_live_set():
     assert peak < 1.5 * (out["y"].nbytes + live_bytes(prog.taskgraph))
 
 
-class _Terminal:
-    def __init__(self):
-        self.text = ""
-
-    def isatty(self):
-        return True
-
-    def write(self, s):
-        self.text += s
-
-    def flush(self):
-        pass
-
-
 def _long_chain():
     g = es.Graph()
     t = g.input("x", (4,))
@@ -113,7 +100,7 @@ def _long_chain():
 
 def test_progress_shows_on_a_terminal_for_long_runs(monkeypatch):
     prog, feeds = _long_chain()
-    terminal = _Terminal()
+    terminal = Terminal()
     monkeypatch.setattr(local, "SHOW_PROGRESS_AFTER", 0.0)
     monkeypatch.setattr("sys.stderr", terminal)
     prog.run(feeds)
