@@ -108,7 +108,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
                       engine=args.engine, workers=args.workers, data_source=BUNDLED,
                       tokenizer=tokenizers.BYTES)
     run_training(trainer, out)
-    first, last = np.mean(trainer.losses[:10]), np.mean(trainer.losses[-10:])
+    k = max(1, min(10, len(trainer.losses) // 2))  # averages of the first and last k steps, never overlapping
+    first, last = np.mean(trainer.losses[:k]), np.mean(trainer.losses[-k:])
     print(f"loss fell from {first:.3f} to {last:.3f} nats/byte")
     for prompt in ("This License ", "You may "):
         text = sample_text(out, prompt, 120, 0.8, 0.9, args.engine, args.workers)
