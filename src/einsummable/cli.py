@@ -31,12 +31,15 @@ DEMO_MODEL = PRESETS["demo"]
 DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=400, lr=3e-3, min_lr=3e-4, warmup=30)
 
 
-def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:
+def run_training(trainer: Trainer, out: Path, save_every: int = 100, log_every: int = 0) -> None:
+    """Train up to ``cfg.steps``, saving every ``save_every`` steps and at the end; a loss line
+    every ``log_every`` steps (0: the progress bar only) leaves a record in logs."""
     cfg, model = trainer.cfg, trainer.model
     tokens_per_step = cfg.batch * cfg.seq * cfg.accum
     n_params = sum(w.size for w in trainer.params.values())
     print(f"training a {model.num_hidden_layers}-layer Llama (d={model.hidden_size}, "
           f"{n_params:,} parameters), batch {cfg.batch} x seq {cfg.seq}, steps {trainer.step}..{cfg.steps}")
+    print("settings: " + ", ".join(f"{k}={v}" for k, v in asdict(cfg).items()))
     print(_summary(trainer.program.plan))
     start, first = time.perf_counter(), trainer.step
     with Progress(cfg.steps - trainer.step, "train", unit="step") as bar:
@@ -44,6 +47,8 @@ def run_training(trainer: Trainer, out: Path, save_every: int = 100) -> None:
             loss = trainer.train_step()
             rate = tokens_per_step * (trainer.step - first) / (time.perf_counter() - start)
             bar.update(1, loss=loss, tok_s=f"{rate:,.0f}")
+            if log_every and trainer.step % log_every == 0:
+                print(f"step {trainer.step}: loss {loss:.4f}, {rate:,.0f} tokens/s")
             if trainer.step % save_every == 0 or trainer.step == cfg.steps:
                 trainer.save(out)
     plot = plot_losses(trainer.losses, out / "loss.png")
@@ -117,6 +122,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    if args.save_every < 1 or args.log_every < 0:
+        raise EinsummableError(f"--save-every must be >= 1 and --log-every >= 0, got {args.save_every} "
+                               f"and {args.log_every}")
     source = str(Path(args.data).resolve()) if args.data else None
     if args.resume:
         trainer = _resume(args, source)
@@ -124,19 +132,30 @@ def cmd_train(args: argparse.Namespace) -> None:
     else:
         spec = _read_json(Path(args.config)) if args.config else {}
         model = _model_config(spec.get("model", {}), args.config)
-        train = _train_config(spec.get("train", {}), args.steps, args.config)
+        train = _train_config(spec.get("train", {}), args.steps, args.config, _overrides(args))
         source = source or BUNDLED
         trainer = Trainer(model, init_params(model, train.seed), train, load_data(source),
                           engine=args.engine, workers=args.workers, data_source=source,
                           tokenizer=tokenizers.BYTES)
         out = Path(args.out or "einsummable-run")
-    run_training(trainer, out)
+    run_training(trainer, out, args.save_every, args.log_every)
+
+
+_OVERRIDES = ("seed", "lr", "batch", "seq")  # flags that set a training setting of a new run
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    return {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
 
 
 def _resume(args: argparse.Namespace, source: str | None) -> Trainer:
     """The checkpoint's run, continued up to --steps (default: the end it was saved with)."""
     if args.config:
         raise EinsummableError("--config sets up a new run; a resumed run keeps its checkpoint's settings "
+                               "(--steps moves its end)")
+    if _overrides(args):
+        flags = ", ".join(f"--{name}" for name in _overrides(args))
+        raise EinsummableError(f"{flags} set up a new run; a resumed run keeps its checkpoint's settings "
                                "(--steps moves its end)")
     data = load_data(source) if source else None
     with warnings.catch_warnings(record=True) as caught:
@@ -171,10 +190,14 @@ def _model_config(values: object, where: str | None) -> LlamaConfig:
     return LlamaConfig(**(asdict(DEMO_MODEL) | values))
 
 
-def _train_config(values: object, steps: int | None, where: str | None = None) -> TrainConfig:
+def _train_config(values: object, steps: int | None, where: str | None = None,
+                  flags: dict | None = None) -> TrainConfig:
+    """The file's settings over the demo's, the command line's flags over both."""
     merged = (asdict(DEMO_TRAIN) | values) if isinstance(values, dict) else values
-    if steps is not None and isinstance(merged, dict):
-        merged["steps"] = steps
+    if isinstance(merged, dict):
+        merged |= flags or {}
+        if steps is not None:
+            merged["steps"] = steps
     return TrainConfig.from_dict(merged, f"{where or 'the command line'}: train")
 
 
@@ -242,6 +265,15 @@ def build_parser() -> argparse.ArgumentParser:
         "end at N (default: the config's, or the checkpoint's)"))
     train.add_argument("--out", default=None, metavar="DIR", help=(
         "the checkpoint directory (default: einsummable-run; with --resume, the resumed one)"))
+    for flag, kind, text in (("--seed", int, "the seed of the initial weights and the batches"),
+                             ("--lr", float, "the peak learning rate"),
+                             ("--batch", int, "sequences per step"), ("--seq", int, "tokens per sequence")):
+        train.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "X",
+                           help=f"{text}, over the config's (default: the config's; refused with --resume)")
+    train.add_argument("--save-every", type=int, default=100, metavar="N",
+                       help="save a checkpoint every N steps (and at the end)")
+    train.add_argument("--log-every", type=int, default=0, metavar="N",
+                       help="print a loss line every N steps (0: the progress bar only)")
     _engine_help(train)
     train.set_defaults(fn=cmd_train)
 

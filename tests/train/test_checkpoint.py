@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +234,40 @@ def test_a_save_refuses_to_replace_the_directory_it_runs_in(tmp_path, monkeypatc
     with pytest.raises(CheckpointError, match="holds the current directory"):
         weights.save(".", TINY, init_params(TINY, seed=1))
     assert list((tmp_path / "run").iterdir()) == []
+
+
+def test_cli_flags_override_the_config_and_are_refused_on_resume(tmp_path, capsys):
+    config = tmp_path / "run.json"
+    model = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "num_key_value_heads": 1}
+    config.write_text(json.dumps({"model": model, "train": {"batch": 4, "seq": 8, "warmup": 1, "lr": 1e-2}}))
+    run = tmp_path / "run"
+    assert _train("--config", config, "--steps", 4, "--out", run, "--seed", 7, "--lr", 2e-3, "--batch", 2,
+                  "--seq", 16, "--save-every", 2, "--log-every", 2) == 0
+    out = capsys.readouterr().out
+    assert out.count("settings: ") == 1 and "batch=2, seq=16" in out and "lr=0.002" in out
+    assert "seed=7" in out and "step 2: loss" in out and "step 4: loss" in out and "step 3: loss" not in out
+    meta = json.loads((run / "trainer.json").read_text())
+    want = {"seed": 7, "lr": 2e-3, "batch": 2, "seq": 16, "warmup": 1}  # flags over the file's values
+    assert {k: meta["train"][k] for k in want} == want
+    # the same run set up through TrainConfig, independent of the flags, gives the same losses
+    cfg = TrainConfig(**(asdict(cli.DEMO_TRAIN) | want | {"steps": 4}))
+    small = LlamaConfig(**(asdict(cli.DEMO_MODEL) | model))
+    t = Trainer(small, init_params(small, 7), cfg, corpus(), engine="reference")
+    for _ in range(4):
+        t.train_step()
+    np.testing.assert_allclose(meta["losses"], t.losses, rtol=1e-5)
+    for flag, value in (("--lr", 1e-3), ("--seed", 1), ("--batch", 4), ("--seq", 4)):
+        assert _train("--resume", run, "--steps", 6, flag, value) == 2
+        assert f"{flag} set up a new run" in capsys.readouterr().err
+    assert _train("--resume", run, "--steps", 5, "--save-every", 0) == 2
+    assert "--save-every must be >= 1" in capsys.readouterr().err
+    assert _train("--resume", run, "--steps", 5, "--log-every", 1) == 0  # intervals don't change the run
+    assert "step 5: loss" in capsys.readouterr().out
+
+
+def test_save_every_saves_checkpoints_at_its_interval(tmp_path, monkeypatch):
+    saved = []
+    monkeypatch.setattr(Trainer, "save", lambda self, out: saved.append(self.step))
+    cli.run_training(trained(0), tmp_path, save_every=3)
+    assert saved == [3, 6, 9, 10]

@@ -14,6 +14,7 @@ from einsummable.ir.graph import ComplexView, to_shape
 
 
 def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """``x`` repeated to ``shape`` by numpy's rules: ``[n]`` to ``[m, n]``."""
     shape = to_shape(shape)
     if broadcast_shapes([x.shape, shape]) != shape:
         raise ShapeError(f"cannot broadcast {x.shape} to {shape}")
@@ -25,6 +26,7 @@ def broadcast_to(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
+    """Tensors joined along ``axis`` (others equal), like ``np.concatenate``."""
     if not tensors:
         raise ShapeError("concat needs at least one tensor")
     first = tensors[0]
@@ -46,6 +48,7 @@ def concat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
 
 
 def pad(x: Tensor, widths: Sequence[tuple[int, int]], value: float = 0.0) -> Tensor:
+    """``x`` with ``widths[d] = (before, after)`` elements of ``value`` around axis d, like ``np.pad``."""
     if len(widths) != x.ndim:
         raise ShapeError(f"pad widths {widths} need one (before, after) pair per axis of {x.shape}")
     shape = tuple(n + a + b for n, (a, b) in zip(x.shape, widths, strict=True))
@@ -67,4 +70,5 @@ def view_as_real(x: Tensor) -> Tensor:
 
 
 def where(cond: Tensor, a: Tensor | Scalar, b: Tensor | Scalar) -> Tensor:
+    """``a`` where the comparison ``cond`` holds, else ``b``: ``where(x > 0, x, 0.0)``, like ``np.where``."""
     return elementwise("where(x0, x1, x2)", cond, a, b)

@@ -50,27 +50,34 @@ class Graph:
         self.ir = EinGraph()
 
     def input(self, name: str, shape: Sequence[int], dtype: str = DEFAULT) -> Tensor:
+        """A graph input ``name`` of ``shape``: ``x = g.input("x", (4, 8))``; fed by ``run({"x": a})``."""
         return self.add(InputNode(name, to_shape(shape), canonical(dtype)))
 
     def output(self, name: str, t: Tensor) -> None:
+        """Name ``t`` an output: ``g.output("y", x @ w)`` makes ``run(...)["y"]``."""
         self._own(t)
         self.ir.set_output(name, t.id)
 
     def fill(self, kind: FillKind, shape: Sequence[int], dtype: str = DEFAULT) -> Tensor:
+        """A tensor of ``shape`` filled by ``kind`` (Constant, Tril or Ramp), computed on the workers."""
         return self.add(Fill(kind, to_shape(shape), canonical(dtype)))
 
     def full(self, shape: Sequence[int], value: Scalar, dtype: str = DEFAULT) -> Tensor:
+        """A ``shape`` tensor of ``value`` everywhere, like ``np.full``."""
         return self.fill(Constant(value), shape, dtype)
 
     def zeros(self, shape: Sequence[int], dtype: str = DEFAULT) -> Tensor:
+        """A ``shape`` tensor of zeros, like ``np.zeros``."""
         return self.full(shape, 0.0, dtype)
 
     def tril(self, shape: Sequence[int], inside: float = 1.0, outside: float = 0.0,
              offset: int = 0, dtype: str = DEFAULT) -> Tensor:
+        """``inside`` on and below diagonal ``offset`` of the last two axes, ``outside`` above (masks)."""
         return self.fill(Tril(inside, outside, offset), shape, dtype)
 
     def ramp(self, shape: Sequence[int], steps: Sequence[float], start: float = 0.0,
              dtype: str = DEFAULT) -> Tensor:
+        """``start + sum_d index[d] * steps[d]``: e.g. ``g.ramp((n,), (1.0,))`` is ``arange(n)``."""
         return self.fill(Ramp(start, tuple(float(s) for s in steps)), shape, dtype)
 
     def add(self, node: Node) -> Tensor:
@@ -85,12 +92,14 @@ class Graph:
 
     @property
     def inputs(self) -> dict[str, Tensor]:
+        """The graph's inputs by name."""
         return {name: Tensor(self, nid) for name, nid in self.ir.input_ids().items()}
 
     def __str__(self) -> str:
         return str(self.ir)
 
     def to_dot(self) -> str:
+        """The graph as Graphviz DOT text."""
         return to_dot(self.ir)
 
     def render(self, path: str) -> str:
@@ -111,22 +120,27 @@ class Tensor:
 
     @property
     def node(self):
+        """The IR node this tensor names."""
         return self.graph.ir.nodes[self.id]
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The tensor's shape, a tuple of ints."""
         return self.node.shape
 
     @property
     def dtype(self) -> str:
+        """The element type: "f32", "f64", "c64" or another of ``ir.dtypes``."""
         return self.node.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of axes."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return math.prod(self.shape)
 
     def __repr__(self) -> str:
@@ -179,50 +193,63 @@ class Tensor:
 
     # reductions
     def sum(self, axis=None, keepdims: bool = False) -> Tensor:
+        """Sum over ``axis`` (an int, a tuple, or None for all), like ``np.sum``."""
         return reduce(self, axis, "add", keepdims=keepdims)
 
     def max(self, axis=None, keepdims: bool = False) -> Tensor:
+        """Max over ``axis`` (None: all axes), like ``np.max``."""
         return reduce(self, axis, "max", keepdims=keepdims)
 
     def min(self, axis=None, keepdims: bool = False) -> Tensor:
+        """Min over ``axis`` (None: all axes), like ``np.min``."""
         return reduce(self, axis, "min", keepdims=keepdims)
 
     def prod(self, axis=None, keepdims: bool = False) -> Tensor:
+        """Product over ``axis`` (None: all axes), like ``np.prod``."""
         return reduce(self, axis, "mul", keepdims=keepdims)
 
     def mean(self, axis=None, keepdims: bool = False) -> Tensor:
+        """Mean over ``axis`` (None: all axes), like ``np.mean``."""
         axes = normalize_axes(axis, self.ndim)
         count = math.prod(self.shape[a] for a in axes)
         return reduce(self, axes, "add", join=f"x0 * {1.0 / max(count, 1)!r}", keepdims=keepdims)
 
     # shape
     def transpose(self, *axes) -> Tensor:
+        """Axes permuted (default: reversed): ``x.transpose(1, 0)`` of ``[m, n]`` is ``[n, m]``."""
         if len(axes) == 1 and isinstance(axes[0], tuple | list):
             axes = tuple(axes[0])
         return transpose(self, axes or tuple(reversed(range(self.ndim))))
 
     @property
     def T(self) -> Tensor:
+        """Axes reversed, like ``ndarray.T``."""
         return self.transpose()
 
     def reshape(self, *shape) -> Tensor:
+        """The same elements in ``shape`` (one axis may be -1): ``x.reshape(2, -1)``."""
         if len(shape) == 1 and isinstance(shape[0], tuple | list):
             shape = tuple(shape[0])
         return reshape(self, shape)
 
     def astype(self, dtype: str) -> Tensor:
+        """Elements cast to ``dtype``: ``x.astype("f64")``."""
         return cast(self, dtype)
 
     def exp(self) -> Tensor:
+        """Elementwise ``e**x``."""
         return elementwise("exp(x0)", self)
 
     def log(self) -> Tensor:
+        """Elementwise natural log."""
         return elementwise("log(x0)", self)
 
     def sqrt(self) -> Tensor:
+        """Elementwise square root."""
         return elementwise("sqrt(x0)", self)
 
     def tanh(self) -> Tensor:
+        """Elementwise hyperbolic tangent."""
         return elementwise("tanh(x0)", self)
 
 
@@ -289,6 +316,7 @@ def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
 
 
 def reduce(x: Tensor, axis, agg: str, join: str | Expr = "x0", keepdims: bool = False) -> Tensor:
+    """Aggregate ``join(x)`` with ``agg`` ("add", "mul", "max", "min") over ``axis``."""
     axes = normalize_axes(axis, x.ndim)
     kept = [d for d in range(x.ndim) if d not in axes]
     if not axes:
@@ -304,6 +332,7 @@ def reduce(x: Tensor, axis, agg: str, join: str | Expr = "x0", keepdims: bool = 
 
 
 def transpose(x: Tensor, perm: Sequence[int]) -> Tensor:
+    """``x`` with output axis k taken from input axis ``perm[k]``, like ``np.transpose``."""
     perm = tuple(p % x.ndim if x.ndim else p for p in perm)
     if sorted(perm) != list(range(x.ndim)):
         raise ShapeError(f"transpose axes {tuple(perm)} are not a permutation of range({x.ndim})")
@@ -316,6 +345,7 @@ def transpose(x: Tensor, perm: Sequence[int]) -> Tensor:
 
 
 def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
+    """``x``'s elements in ``shape`` (one axis may be -1), like ``np.reshape``."""
     shape = to_shape(shape, wildcard=True)
     if shape.count(-1) > 1:
         raise ShapeError(f"reshape {shape}: at most one -1")
@@ -330,6 +360,7 @@ def reshape(x: Tensor, shape: Sequence[int]) -> Tensor:
 
 
 def cast(x: Tensor, dtype: str) -> Tensor:
+    """Elements of ``x`` cast to ``dtype`` ("f32", "f64", "c64", ...)."""
     dtype = canonical(dtype)
     if dtype == x.dtype:
         return x

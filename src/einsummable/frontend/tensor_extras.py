@@ -34,6 +34,7 @@ def var(x: core.Tensor, axis=None, keepdims: bool = False, ddof: int = 0) -> cor
 
 
 def std(x: core.Tensor, axis=None, keepdims: bool = False, ddof: int = 0) -> core.Tensor:
+    """Standard deviation over ``axis`` with ``ddof``, like ``np.std``."""
     return var(x, axis, keepdims, ddof).sqrt()
 
 
@@ -55,10 +56,12 @@ def _arg(x: core.Tensor, axis: int | None, keepdims: bool, best: str) -> core.Te
 
 
 def argmax(x: core.Tensor, axis: int | None = None, keepdims: bool = False) -> core.Tensor:
+    """Index of the first max along ``axis`` (None: flattened), as a float of x's dtype."""
     return _arg(x, axis, keepdims, "max")
 
 
 def argmin(x: core.Tensor, axis: int | None = None, keepdims: bool = False) -> core.Tensor:
+    """Index of the first min along ``axis`` (None: flattened), as a float of x's dtype."""
     return _arg(x, axis, keepdims, "min")
 
 

@@ -200,6 +200,9 @@ def lm_head(cfg: LlamaConfig, p: dict[str, Tensor], h: Tensor) -> Tensor:
 
 def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor | None,
             residuals: list[Tensor] | None = None) -> Tensor:
+    """Logits [b, s, vocab] for token ``ids`` [b, s] (as floats) at positions ``pos`` [b, s];
+    ``mask`` [s, s] or [b, s, s] of 0 / -inf is added to the scores (None: causal, masked blocks skipped).
+    ``p`` comes from ``parameters(g, cfg)``; see ``loss_graph`` for a whole training graph."""
     h, _ = decoder(cfg, p, ids, pos, mask, residuals=residuals)
     return lm_head(cfg, p, h)
 
