@@ -24,10 +24,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from einsummable.engines import cbuild, native, reference_kernel
+from einsummable.engines import cbuild, kernels, native, reference_kernel
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
-from einsummable.ir.expr import Const, Expr, Input, Var, call, inputs_used
+from einsummable.ir.expr import Cast, Const, Expr, Input, Var, call, inputs_used
 
 pytestmark = pytest.mark.skipif(
     not cbuild.enabled() or cbuild.compiler() is None,
@@ -106,6 +106,10 @@ def _run(cases: list[tuple[Einsummable, int]], special: bool):
         with np.errstate(all="ignore"):
             got = kernel(arrays, variables)
             want = _oracle(op, arrays, variables)
+        # a half reduction hands back its f32 accumulator; the prepared kernel rounds it once
+        half_sum = op.agg is not None and op.dtype in ("bf16", "f16")
+        assert got.dtype == (np.float32 if half_sum else to_numpy(op.dtype))
+        got = got.astype(to_numpy(op.dtype))
         yield op, arrays, variables, got, want
 
 
@@ -249,3 +253,23 @@ def test_min_max_where_compare_on_every_pair_of_special_values(dtype):
             got, want = kernel([a, b], None), _oracle(op, [a, b], None).astype(to_numpy(dtype))
         same = _same_bits(got, want, zeros_equal=op.agg is not None)
         assert same.all(), f"{op.join}: {got[~same]} vs numpy {want[~same]}"
+
+
+def test_half_ops_run_compiled_as_the_numpy_path_computes_them(monkeypatch):
+    """f16/bf16 ops take the C kernel (issue 18), and compute as the numpy path does: in f32,
+    rounded once. A half sum kept wide (``f32(x * x)`` summed, rmsnorm's square) comes back
+    unrounded: 4096 squares of 30 in f16 sum to 3686400, far past f16's 65504."""
+    routed = []
+    real = native.kernel
+    monkeypatch.setattr(native, "kernel", lambda op, body: routed.append(op.dtypes) or real(op, body))
+    x = np.full((4, 4096), 30.0, dtype=np.float16)
+    squared = Cast("f32", call("mul", Input(0), Input(0)))
+    square = Einsummable((4, 4096), ((0, 1),), 1, squared, "add", ("f16",))
+    got = kernels.prepare.__wrapped__(square)([x], None)
+    assert got.dtype == np.float32 and (got == 4096 * 900.0).all()
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((40, 17)).astype(to_numpy("bf16")) for _ in range(2))
+    mixed = Einsummable.from_spec("ij,ij->ij", [(40, 17)] * 2, join="(x0 - x1) * x1 / 3", dtypes=["bf16"] * 2)
+    got = kernels.prepare.__wrapped__(mixed)([a, b], None)
+    assert _same_bits(got, reference_kernel.einsum(mixed, [a, b]), zeros_equal=False).all()
+    assert routed == [("f16",), ("bf16", "bf16")]

@@ -91,11 +91,8 @@ def _body(op: Einsummable) -> Kernel:
 
 
 def _native(op: Einsummable, body: Kernel) -> Kernel:
-    """The generated C kernel where the join has one. Half-precision ops keep the numpy
-    path: the C code rounds every step of a half join to its dtype, while the engines
-    compute half joins in f32 and round once (design.md), which the tests hold them to."""
-    if {"f16", "bf16"} & {op.dtype, *op.dtypes}:
-        return body
+    """The generated C kernel where the join has one. Half precision computes there as
+    here: in f32, rounded at explicit casts and once by ``prepare``'s final cast."""
     return native.kernel(op, body)
 
 
