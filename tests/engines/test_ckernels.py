@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from einsummable.engines import cbuild, native, reference_kernel
+from einsummable.engines import cbuild, kernels, native, reference_kernel
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Const, Expr, Input, Var, call, inputs_used
@@ -106,6 +106,10 @@ def _run(cases: list[tuple[Einsummable, int]], special: bool):
         with np.errstate(all="ignore"):
             got = kernel(arrays, variables)
             want = _oracle(op, arrays, variables)
+        # a half reduction hands back its f32 accumulator; the prepared kernel rounds it once
+        half_sum = op.agg is not None and op.dtype in ("bf16", "f16")
+        assert got.dtype == (np.float32 if half_sum else to_numpy(op.dtype))
+        got = got.astype(to_numpy(op.dtype))
         yield op, arrays, variables, got, want
 
 
@@ -249,3 +253,24 @@ def test_min_max_where_compare_on_every_pair_of_special_values(dtype):
             got, want = kernel([a, b], None), _oracle(op, [a, b], None).astype(to_numpy(dtype))
         same = _same_bits(got, want, zeros_equal=op.agg is not None)
         assert same.all(), f"{op.join}: {got[~same]} vs numpy {want[~same]}"
+
+
+def test_half_ops_run_compiled_as_the_numpy_path_computes_them(monkeypatch):
+    """bf16 ops take the C kernel (issue 18) and compute as the numpy path does: in f32,
+    rounded once. A half sum hands back its f32 accumulator, for prepare to round once
+    (to f32 where the sum is kept wide, as rmsnorm's square is): 4096 squares of 30 in
+    f16 sum to 3686400, far past f16's 65504."""
+    square = Einsummable((4, 4096), ((0, 1),), 1, call("mul", Input(0), Input(0)), "add", ("f16",))
+    summed = native.kernel(square, None)
+    native.flush()
+    got = summed([np.full((4, 4096), 30.0, dtype=np.float16)], None)
+    assert got.dtype == np.float32 and (got == 4096 * 900.0).all()
+    routed = []
+    real = native.kernel
+    monkeypatch.setattr(native, "kernel", lambda op, body: routed.append(op.dtypes) or real(op, body))
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((40, 17)).astype(to_numpy("bf16")) for _ in range(2))
+    mixed = Einsummable.from_spec("ij,ij->ij", [(40, 17)] * 2, join="(x0 - x1) * x1 / 3", dtypes=["bf16"] * 2)
+    got = kernels.prepare.__wrapped__(mixed)([a, b], None)
+    assert _same_bits(got, reference_kernel.einsum(mixed, [a, b]), zeros_equal=False).all()
+    assert routed == [("bf16", "bf16")]

@@ -4,11 +4,12 @@ The generated function depends on the op's structure (join, dtypes, index tuples
 aggregation, loop order), not on its sizes: sizes and strides are arguments, so all
 the blocks of a node, and every node of the same form, share one function.
 
-Semantics follow the numpy path (``ir.scalar.Compiled``) value for value:
+Semantics follow the numpy path (``engines.interpret.Compiled``) value for value:
 - every step of the join rounds to its dtype; constants and run-time variables are
   weak (they take the other operand's type; an all-weak step runs in double);
 - half types (f16, bf16) load as f32, compute in f32 and round once at the store
-  (round to nearest even); reductions accumulate in f32;
+  (round to nearest even), or where an explicit cast to a half type stands; reductions
+  accumulate in f32 and hand the f32 accumulator back (the caller rounds it once);
 - ``where`` is a select, ``min``/``max`` propagate NaN and return the second operand
   on ties (as ``np.minimum``/``np.maximum`` do); no ``-ffast-math``: NaN, ±inf and
   −0.0 keep their IEEE meaning.
@@ -71,7 +72,7 @@ class Source:
     text: str
     order: tuple[int, ...]        # join dims, outermost loop first
     variables: tuple[str, ...]    # run-time variables, in the order of the ``vars`` argument
-    accumulate_f32: bool          # the output is half: the caller hands an f32 accumulator
+    accumulate_f32: bool          # a half reduction: the output is an f32 accumulator
 
 
 def generate(op: Einsummable) -> Source | None:

@@ -91,10 +91,11 @@ def _body(op: Einsummable) -> Kernel:
 
 
 def _native(op: Einsummable, body: Kernel) -> Kernel:
-    """The generated C kernel where the join has one. Half-precision ops keep the numpy
-    path: the C code rounds every step of a half join to its dtype, while the engines
-    compute half joins in f32 and round once (design.md), which the tests hold them to."""
-    if {"f16", "bf16"} & {op.dtype, *op.dtypes}:
+    """The generated C kernel where the join has one. Half precision computes there as
+    here: in f32, rounded at explicit casts and once by ``prepare``'s final cast. f16
+    stays on numpy: gcc 12 converts ``_Float16`` by library calls, 3x slower than numpy
+    (silu(x) * y over 1.4M f16: 22.8 ms against 7.1; bf16 runs 0.57 ms against 3.1)."""
+    if "f16" in (op.dtype, *op.dtypes):
         return body
     return native.kernel(op, body)
 

@@ -58,8 +58,9 @@ class _Compiled:
         self.dtypes = [to_numpy(d) for d in op.dtypes]
         self.shapes = [tuple(op.join_shape[i] for i in idx) for idx in op.inputs]
         self.sizes = (ctypes.c_int64 * max(1, op.rank))(*op.join_shape)
-        self.out_dtype = to_numpy(op.dtype)
-        self.acc_dtype = np.dtype(np.float32) if src.accumulate_f32 else self.out_dtype
+        # a half sum comes back in its f32 accumulator, as the numpy body's does: the
+        # prepared kernel rounds it once, to its own dtype (f32 where the sum is kept wide)
+        self.acc_dtype = np.dtype(np.float32) if src.accumulate_f32 else to_numpy(op.dtype)
         self.out_shape = op.out_shape
         self.pointers = ctypes.c_void_p * max(1, len(op.inputs))
         self.strides: dict[tuple, ctypes.Array] = {}  # per operand strides: the C side reads them only
@@ -86,7 +87,7 @@ class _Compiled:
         out = np.empty(self.out_shape, dtype=self.acc_dtype)
         pointers = self.pointers(*(a.__array_interface__["data"][0] for a in arrays))
         fn(pointers, self.sizes, strides, values, ctypes.c_void_p(out.__array_interface__["data"][0]))
-        return out.astype(self.out_dtype) if self.acc_dtype != self.out_dtype else out
+        return out
 
     def _operand(self, k: int, a: np.ndarray) -> np.ndarray:
         dtype = self.dtypes[k]
