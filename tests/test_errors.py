@@ -267,3 +267,19 @@ def test_output_names_are_escaped_in_dot():
     # every statement is `id [ ... ];` or `id -> id;`, so a name never leaks out of its quotes
     edges = [tokens[k - 1:k + 2] for k, t in enumerate(tokens) if t == "->"]
     assert all(re.fullmatch(r"n\d+|out\d+", a) and re.fullmatch(r"n\d+|out\d+", b) for a, _, b in edges)
+
+
+def test_output_names_are_escaped_in_the_taskgraph_dot():
+    from einsummable.lower import stats
+
+    name = 'say "hi"\\ <b>\n{x}; t0 -> t1'
+    g = es.Graph()
+    x = g.input('in"put\\', (4, 3))
+    g.output(name, x * 2.0)
+    tokens = _dot_tokens(stats.to_dot(es.compile(g, workers=2).taskgraph))
+    assert tokens[:3] == ["digraph", "taskgraph", "{"] and tokens[-1] == "}"
+    assert tokens.count("{") == tokens.count("}") and tokens.count("[") == tokens.count("]")
+    labels = [_unescape(tokens[k + 2]) for k, t in enumerate(tokens) if t == "label"]
+    assert name in labels
+    edges = [tokens[k - 1:k + 2] for k, t in enumerate(tokens) if t == "->"]
+    assert all(re.fullmatch(r"t\d+|out\d+", a) and re.fullmatch(r"t\d+|out\d+", b) for a, _, b in edges)

@@ -23,19 +23,19 @@ def to_dot(graph: EinGraph) -> str:
         if isinstance(node, EinsumNode):
             agg = f" agg={node.op.agg}" if node.op.agg else ""
             parts = [f"%{nid} {node.op.spec}", f"{scalar.to_string(node.op.join)}{agg}"]
-        label = "\\n".join(_escape(p) for p in [*parts, f"{node.dtype}{list(node.shape)}"])
+        label = "\\n".join(escape(p) for p in [*parts, f"{node.dtype}{list(node.shape)}"])
         colour = _COLOURS.get(type(node).__name__, "white")
         lines.append(f'  n{nid} [label="{label}", fillcolor={colour}];')
         lines.extend(f"  n{i} -> n{nid};" for i in node.inputs)
     for k, (name, nid) in enumerate(graph.outputs.items()):
         # Output names are the user's text: the node id is ours, the name only a quoted label.
-        lines.append(f'  out{k} [label="{_escape(name)}", shape=ellipse, fillcolor=palegreen];')
+        lines.append(f'  out{k} [label="{escape(name)}", shape=ellipse, fillcolor=palegreen];')
         lines.append(f"  n{nid} -> out{k};")
     lines.append("}")
     return "\n".join(lines)
 
 
-def _escape(text: str) -> str:
+def escape(text: str) -> str:
     """Text for the inside of a DOT double-quoted label, shown as written: backslashes and
     quotes escaped, line breaks as DOT's ``\\n``. Angle brackets and braces need nothing
     inside quotes (only ``<...>`` HTML labels and record shapes give them meaning)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.box import fmt_box
+from einsummable.ir.dot import escape
 from einsummable.ir.dtypes import itemsize
 from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, TaskGraph
 
@@ -69,16 +70,18 @@ def to_dot(tg: TaskGraph) -> str:
         lines.append(f"  subgraph cluster_{loc} {{ label=\"worker {loc}\";")
         for t in ids:
             task = tg.tasks[t]
-            label = f"%{t} {task.describe()}\\n{task.dtype}{list(task.shape)}".replace('"', '\\"')
+            parts = (f"%{t} {task.describe()}", f"{task.dtype}{list(task.shape)}")
+            label = "\\n".join(escape(p) for p in parts)
             colour = _COLOURS[loc % len(_COLOURS)]
             lines.append(f'    t{t} [label="{label}", fillcolor={colour}];')
         lines.append("  }")
     for t, task in enumerate(tg.tasks):
         style = " [style=dashed]" if isinstance(task, MoveTask) else ""
         lines.extend(f"  t{i} -> t{t}{style};" for i in task.inputs)
-    for name, out in tg.outputs.items():
-        lines.append(f'  out_{name} [label="{name}", shape=ellipse, fillcolor=white];')
-        lines.extend(f'  t{t} -> out_{name} [label="{fmt_box(box)}"];' for t, box in out.blocks)
+    for k, (name, out) in enumerate(tg.outputs.items()):
+        # Output names are the user's text: the node id is ours, the name only a quoted label.
+        lines.append(f'  out{k} [label="{escape(name)}", shape=ellipse, fillcolor=white];')
+        lines.extend(f'  t{t} -> out{k} [label="{fmt_box(box)}"];' for t, box in out.blocks)
     lines.append("}")
     return "\n".join(lines)
 
