@@ -8,6 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from torch_oracle import check_loss_gradients  # noqa: E402
+
 import einsummable as es  # noqa: E402
 from einsummable.errors import CheckpointError  # noqa: E402
 from einsummable.models.llama import model as llama  # noqa: E402
@@ -86,25 +88,7 @@ def test_loss_gradients_match_transformers(tmp_path, monkeypatch, name, engine, 
     monkeypatch.setattr(llama, "QUERY_BLOCK", query_block)
     model, path = hf_model(tmp_path, name)
     cfg, params = weights.load(path)
-    batch, seq = 2, 6
-    g, p, loss = llama.loss_graph(cfg, batch, seq)
-    names = list(p)
-    grads = es.grad(loss, [p[n] for n in names])
-    g.output("loss", loss)
-    for n, t in zip(names, grads, strict=True):
-        g.output("d:" + n, t)
-    tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (batch, seq + 1))
-    out = es.compile(g, engine=engine, workers=workers).run(params | {"tokens": tokens.astype(np.float32)})
-    t = torch.tensor(tokens)
-    logits = model(t[:, :-1]).logits
-    ref_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), t[:, 1:].reshape(-1))
-    ref_loss.backward()
-    np.testing.assert_allclose(out["loss"], ref_loss.item(), rtol=1e-5)
-    state = dict(model.named_parameters())
-    for n in names:
-        ref = weights.to_ours(cfg, n, state[n].grad.numpy())
-        scale = np.abs(ref).max() + 1e-12
-        np.testing.assert_allclose(out["d:" + n] / scale, ref / scale, atol=1e-4, err_msg=n)
+    check_loss_gradients(model, cfg, params, engine=engine, workers=workers)
 
 
 def test_checkpoint_saved_here_loads_in_transformers(tmp_path):
