@@ -191,3 +191,20 @@ def random_partitions(g: EinGraph, rng: random.Random, max_blocks: int = 3) -> l
             bounds.append((0, *cuts, n))
         parts.append(Partition(tuple(bounds)))
     return parts
+
+
+def check_lowered(plan, feeds: dict[str, np.ndarray]):
+    """Validate ``plan``, lower it, and check the TaskGraph (sequential engine) reproduces
+    the reference engine on ``feeds``, dtypes included; returns the TaskGraph."""
+    from einsummable.engines import reference, sequential
+    from einsummable.lower.lowering import lower
+
+    plan.validate()
+    tg = lower(plan)
+    tg.validate()
+    want = reference.run(plan.graph, feeds)
+    got = sequential.run(tg, feeds)
+    for name in want:
+        assert got[name].dtype == want[name].dtype
+        np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-4, err_msg=name)
+    return tg
