@@ -18,7 +18,7 @@ from einsummable.autodiff.cotangent import Cot, Forward, Uniform, materialize, t
 from einsummable.autodiff.rules import VJP
 from einsummable.errors import AutodiffError
 from einsummable.frontend.tensor import Graph, Tensor
-from einsummable.ir.dtypes import FLOATS
+from einsummable.ir.dtypes import FLOATS, INTS
 from einsummable.ir.graph import Node
 
 
@@ -68,14 +68,17 @@ def _check(loss: Tensor, wrt: Sequence[Tensor], seed: Tensor | None) -> Graph:
     for k, w in enumerate(wrt):
         if not isinstance(w, Tensor) or w.graph is not graph:
             raise AutodiffError(f"wrt[{k}] must be a Tensor of the loss's graph, got {w!r}")
-        if w.dtype == "bool":
-            raise AutodiffError(f"wrt[{k}] {w!r} is boolean; there is no gradient with respect to it")
+        if w.dtype == "bool" or w.dtype in INTS:
+            kind = "boolean" if w.dtype == "bool" else "an integer tensor (ids, indices)"
+            raise AutodiffError(
+                f"wrt[{k}] {w!r} is {kind}; there is no gradient with respect to it. Differentiate "
+                "with respect to a float tensor, such as the embedding table the ids index"
+            )
     if seed is None:
         if loss.shape != () or loss.dtype not in FLOATS:
-            raise AutodiffError(
-                f"loss {loss!r} must be a real scalar; reduce it first (loss.sum()) or pass seed= "
-                f"a cotangent of shape {loss.shape}"
-            )
+            fix = ("cast it to a float first (loss.astype('f32'))" if loss.dtype in INTS
+                   else f"reduce it first (loss.sum()) or pass seed= a cotangent of shape {loss.shape}")
+            raise AutodiffError(f"loss {loss!r} must be a real scalar; {fix}")
         return graph
     if not isinstance(seed, Tensor) or seed.graph is not graph:
         raise AutodiffError(f"seed must be a Tensor of the loss's graph, got {seed!r}")
@@ -85,9 +88,11 @@ def _check(loss: Tensor, wrt: Sequence[Tensor], seed: Tensor | None) -> Graph:
 
 
 def _relevant(graph: Graph, nodes: tuple[Node, ...], loss: int, wrt: set[int]) -> list[bool]:
-    """Nodes on some path from a ``wrt`` to the loss, carrying a differentiable value."""
+    """Nodes on some path from a ``wrt`` to the loss, carrying a differentiable value
+    (booleans and integers carry none: they are piecewise constant)."""
     ancestors = graph.ir.live(roots=[loss])
     reached = [False] * len(nodes)
     for nid, node in enumerate(nodes):
         reached[nid] = nid in wrt or any(reached[i] for i in node.inputs)
-    return [a and r and n.dtype != "bool" for a, r, n in zip(ancestors, reached, nodes, strict=True)]
+    return [a and r and n.dtype != "bool" and n.dtype not in INTS
+            for a, r, n in zip(ancestors, reached, nodes, strict=True)]

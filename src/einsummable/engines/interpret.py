@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from einsummable.ir.dtypes import HALF, to_numpy
-from einsummable.ir.expr import Cast, Const, Expr, Input, Var, children
-from einsummable.ir.scalar import _variable, dtype_of, parse, result_dtype
+from einsummable.ir.expr import Cast, Const, Expr, Input, Var, children, inputs_used, variables_used
+from einsummable.ir.scalar import _variable, dtype_of, parse, result_dtype, simplify
 from einsummable.ir.scalar_ops import GELU_A, GELU_C, is_call
 
 Kernel = Callable[..., None]  # writes the op's value into its first argument, an ``out`` buffer
@@ -85,9 +85,14 @@ class Compiled:
             ref = self._lower(e.args[0], memo)  # a value identity: no pass over the data
         elif isinstance(e, Cast) and e.dtype not in HALF and working(self._dtype(e.arg)) == to_numpy(e.dtype):
             ref = self._lower(e.arg, memo)  # a half value widened: it is f32 here already
+        elif (whole := self._integer_constant(e)) is not None:
+            ref = ("const", whole)
         else:
             args = tuple(self._lower(k, memo) for k in children(e))
             dtype = self._dtype(e)
+            if working(dtype).kind == "i":  # float constants would make numpy refuse the int buffer
+                args = tuple(("const", working(dtype).type(v)) if kind == "const" else (kind, v)
+                             for kind, v in args)
             if isinstance(e, Cast):
                 rounds = e.dtype in HALF
                 rule_kernel, inplace = (_rounding(to_numpy(e.dtype)) if rounds else _cast_kernel), False
@@ -99,6 +104,14 @@ class Compiled:
             ref = ("reg", len(self._steps) - 1)
         memo[e] = ref
         return ref
+
+    def _integer_constant(self, e: Expr) -> np.integer | None:
+        """A constant subexpression of an integer step (``2 - 1`` in ``x0 + (2 - 1)``),
+        folded: typing checked it is a whole number (ir/scalar.py)."""
+        if isinstance(e, Cast) or inputs_used(e) or variables_used(e) or working(self._dtype(e)).kind != "i":
+            return None
+        folded = simplify(e)
+        return working(self._dtype(e)).type(folded.value) if isinstance(folded, Const) else None
 
     def _dtype(self, e: Expr) -> str:
         return dtype_of(e, self.input_dtypes) or self.dtype
@@ -265,7 +278,7 @@ def _pow_kernel(out: np.ndarray, a: np.ndarray, c: float) -> None:
     elif c == 1:
         np.copyto(out, a)
     else:
-        np.power(a, c, out=out)
+        np.power(a, int(c) if out.dtype.kind == "i" else c, out=out)
 
 
 _INPLACE = {name: (_ufunc(uf), True) for name, uf in {

@@ -20,13 +20,16 @@ NAMES: dict[str, str] = {
     "f32": "float32",
     "f64": "float64",
     "c64": "complex64",
+    "i32": "int32",
+    "i64": "int64",
 }
 DTYPES = tuple(NAMES)
 FLOATS = ("f16", "bf16", "f32", "f64")
 COMPLEX = ("c64",)
+INTS = ("i32", "i64")  # ids and indices: joins, gathers, comparisons, casts, min/max, sums
 HALF = ("f16", "bf16")  # computed and accumulated in f32, rounded once (engines/interpret.py)
 DEFAULT = "f32"
-_ITEMSIZE = {"bool": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8}
+_ITEMSIZE = {"bool": 1, "f16": 2, "bf16": 2, "f32": 4, "f64": 8, "c64": 8, "i32": 4, "i64": 8}
 _BY_NAME = {v: k for k, v in NAMES.items()}
 
 
@@ -38,6 +41,8 @@ def common_float(dtypes: Sequence[str]) -> str | None:
         return None
     bits = max(8 * _ITEMSIZE[d] for d in kinds)
     return "f32" if bits == 16 else f"f{bits}"
+
+
 _REAL_OF = {"c64": "f32"}
 
 
@@ -50,7 +55,7 @@ def _numpy() -> dict[str, np.dtype]:
 
 def canonical(dtype: object) -> str:
     """Accept "f32", "float32", np.float32, np.dtype("float32"), torch.float32 or
-    jnp.bfloat16; return the short name."""
+    jnp.bfloat16 (and "i64", "int64", np.int64, torch.int64 alike); return the short name."""
     if isinstance(dtype, str):
         if dtype in NAMES:
             return dtype

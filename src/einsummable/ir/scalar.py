@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from einsummable.errors import ExprError
-from einsummable.ir.dtypes import DEFAULT
+from einsummable.errors import DtypeError, ExprError
+from einsummable.ir.dtypes import DEFAULT, INTS
 from einsummable.ir.expr import (
     ONE,
     ZERO,
@@ -51,16 +51,38 @@ def dtype_of(e: Expr, input_dtypes: Sequence[str]) -> Weak:
         dtype_of(e.arg, input_dtypes)
         return e.dtype
     rule = OPS[e.op]
-    return rule.dtype(e.op, tuple(dtype_of(a, input_dtypes) for a in e.args))
+    dts = tuple(dtype_of(a, input_dtypes) for a in e.args)
+    out = rule.dtype(e.op, dts)
+    if out in INTS:
+        for a, d in zip(e.args, dts, strict=True):
+            if d is None:
+                _check_integral(e, a, out)
+    return out
+
+
+def _check_integral(e: Call, a: Expr, dtype: str) -> None:
+    """A weak operand of an integer op must be an integer constant: the op computes in ``dtype``."""
+    value = simplify(a) if not variables_used(a) else None
+    whole = isinstance(value, Const) and not isinstance(value.value, complex) and value.value.is_integer()
+    if whole and (e.op != "pow" or value.value >= 0):
+        return
+    what = "a run-time variable (a float)" if value is None else f"{to_string(a)!r}, not a whole number"
+    if e.op == "pow":
+        what = f"the exponent {to_string(a)!r}, not a non-negative whole number"
+    raise DtypeError(
+        f"{to_string(e)!r} computes in {dtype} but its operand is {what}; cast the integer "
+        f"operand to a float first, as in cast(x0, f32)"
+    )
 
 
 def result_dtype(e: Expr, input_dtypes: Sequence[str]) -> str:
-    """The dtype an op's output takes: a weakly typed join follows its first number input,
-    so ``where(x0 > 0, 2, 0)`` over a boolean is a number of the default dtype."""
+    """The dtype an op's output takes: a weakly typed join follows its first float input,
+    so ``where(x0 > 0, 2, 0)`` over a boolean (or a one-hot of integer ids) is a number
+    of the default dtype."""
     d = dtype_of(e, input_dtypes)
     if d is not None:
         return d
-    return next((d for d in input_dtypes if d != "bool"), DEFAULT)
+    return next((d for d in input_dtypes if d != "bool" and d not in INTS), DEFAULT)
 
 
 # ---------------------------------------------------------------- simplify
@@ -220,7 +242,8 @@ def _d(e: Expr, i: int) -> Expr:
     if isinstance(e, Const | Var):
         return ZERO
     if isinstance(e, Cast):
-        return Cast(e.dtype, _d(e.arg, i))
+        # a cast to an integer is piecewise constant: no gradient flows through it
+        return ZERO if e.dtype in INTS else Cast(e.dtype, _d(e.arg, i))
     if e.op == "where":
         c, a, b = e.args
         return call("where", c, _d(a, i), _d(b, i))

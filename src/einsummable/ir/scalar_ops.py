@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from einsummable.errors import DtypeError
-from einsummable.ir.dtypes import COMPLEX, real_of
+from einsummable.ir.dtypes import COMPLEX, INTS, real_of
 from einsummable.ir.expr import ONE, ZERO, Call, Const, Expr, call
 
 Weak = str | None  # None is a weakly typed real scalar (a constant or a run-time variable)
@@ -58,6 +58,28 @@ def _real_only(name: str, dts: tuple[Weak, ...]) -> Weak:
     if out in COMPLEX:
         raise DtypeError(f"{name} is not defined for complex operands ({out}); use real() or abs()")
     return out
+
+
+def _float_only(name: str, dts: tuple[Weak, ...]) -> Weak:
+    """Ops whose value is no integer (exp, sqrt, division, ...): integers must be cast first."""
+    out = _unify(name, dts)
+    if out in INTS:
+        what = "div (/)" if name == "div" else name
+        raise DtypeError(
+            f"{what} is not defined for integer operands ({out}): its value is no integer; cast the "
+            "operand to a float first: cast(x0, f32) in a join, or x.astype('f32') on a tensor"
+        )
+    return out
+
+
+def _real_float(name: str, dts: tuple[Weak, ...]) -> Weak:
+    _float_only(name, dts)
+    return _real_only(name, dts)
+
+
+def _float_part(name: str, dts: tuple[Weak, ...]) -> Weak:
+    _float_only(name, dts)
+    return _to_real(name, dts)
 
 
 def _to_real(name: str, dts: tuple[Weak, ...]) -> Weak:
@@ -135,7 +157,7 @@ _ops = [
           infix="-", precedence=2),
     OpRule("mul", 2, np.multiply, _unify, lambda a: (a[1], a[0]),
           infix="*", precedence=3, commutative=True),
-    OpRule("div", 2, np.divide, _unify,
+    OpRule("div", 2, np.divide, _float_only,
           lambda a: (call("div", ONE, a[1]),
                      _neg(call("div", a[0], call("pow", a[1], Const(2.0))))),
           infix="/", precedence=3),
@@ -144,23 +166,23 @@ _ops = [
     OpRule("neg", 1, np.negative, _unify, lambda a: (Const(-1.0),), precedence=4),
     OpRule("abs", 1, np.absolute, _to_real,
           lambda a: (call("where", call("ge", a[0], ZERO), ONE, Const(-1.0)),)),
-    OpRule("exp", 1, np.exp, _unify, lambda a: (call("exp", a[0]),)),
-    OpRule("log", 1, np.log, _unify, lambda a: (call("div", ONE, a[0]),)),
-    OpRule("sqrt", 1, np.sqrt, _unify,
+    OpRule("exp", 1, np.exp, _float_only, lambda a: (call("exp", a[0]),)),
+    OpRule("log", 1, np.log, _float_only, lambda a: (call("div", ONE, a[0]),)),
+    OpRule("sqrt", 1, np.sqrt, _float_only,
           lambda a: (_mul(Const(0.5), call("rsqrt", a[0])),)),
-    OpRule("rsqrt", 1, lambda a: 1.0 / np.sqrt(a), _unify,
+    OpRule("rsqrt", 1, lambda a: 1.0 / np.sqrt(a), _float_only,
           lambda a: (_mul(Const(-0.5), call("div", call("rsqrt", a[0]), a[0])),)),
-    OpRule("sin", 1, np.sin, _unify, lambda a: (call("cos", a[0]),)),
-    OpRule("cos", 1, np.cos, _unify, lambda a: (_neg(call("sin", a[0])),)),
-    OpRule("tanh", 1, np.tanh, _unify,
+    OpRule("sin", 1, np.sin, _float_only, lambda a: (call("cos", a[0]),)),
+    OpRule("cos", 1, np.cos, _float_only, lambda a: (_neg(call("sin", a[0])),)),
+    OpRule("tanh", 1, np.tanh, _float_only,
           lambda a: (_sub(ONE, call("pow", call("tanh", a[0]), Const(2.0))),)),
-    OpRule("sigmoid", 1, _sigmoid, _real_only,
+    OpRule("sigmoid", 1, _sigmoid, _real_float,
           lambda a: (_mul(_sig(a[0]), _sub(ONE, _sig(a[0]))),)),
-    OpRule("silu", 1, lambda a: _sigmoid(a) * a, _real_only,
+    OpRule("silu", 1, lambda a: _sigmoid(a) * a, _real_float,
           lambda a: (_mul(_sig(a[0]), call("add", ONE, _mul(a[0], _sub(ONE, _sig(a[0]))))),)),
     OpRule("relu", 1, lambda a: np.maximum(a, 0), _real_only,
           lambda a: (_indicator(call("gt", a[0], ZERO)),)),
-    OpRule("gelu", 1, _gelu, _real_only, lambda a: (_gelu_partial(a[0]),)),
+    OpRule("gelu", 1, _gelu, _real_float, lambda a: (_gelu_partial(a[0]),)),
     # Ties send the whole gradient to the first operand.
     OpRule("min", 2, np.minimum, _real_only,
           lambda a: (_indicator(call("le", a[0], a[1])), _indicator(call("gt", a[0], a[1]))),
@@ -177,9 +199,9 @@ _ops = [
     OpRule("where", 3, np.where, _where, None),
     # The value passes through; the gradient stops (softmax's max: it shifts, never scales).
     OpRule("stop_gradient", 1, lambda a: a, _unify, lambda a: (ZERO,)),
-    OpRule("conj", 1, np.conjugate, _unify, None),
-    OpRule("real", 1, np.real, _to_real, None),
-    OpRule("imag", 1, np.imag, _to_real, None),
+    OpRule("conj", 1, np.conjugate, _float_only, None),
+    OpRule("real", 1, np.real, _float_part, None),
+    OpRule("imag", 1, np.imag, _float_part, None),
 ]
 OPS: dict[str, OpRule] = {r.name: r for r in _ops}
 INFIX: dict[str, str] = {r.infix: r.name for r in _ops if r.infix}
