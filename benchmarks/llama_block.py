@@ -113,7 +113,7 @@ def main() -> None:
     model, cfg, params = hf_model(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate,
                                   args.vocab)
     tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (args.batch, args.seq + 1))
-    feeds = params | {"tokens": tokens.astype(np.float32)}
+    feeds = params | {"tokens": tokens}
     start = time.perf_counter()
     forward, backward = programs(cfg, args.batch, args.seq, args.workers)
     print(f"compiled both programs in {time.perf_counter() - start:.1f} s")

@@ -26,6 +26,7 @@ from einsummable.errors import (
 from einsummable.frontend import nn
 from einsummable.frontend.builders import broadcast_to, concat, pad, view_as_complex, view_as_real, where
 from einsummable.frontend.einsum import einsum
+from einsummable.frontend.gather import one_hot, take
 from einsummable.frontend.tensor import Graph, Tensor, cast, elementwise, matmul, reduce, reshape, transpose
 from einsummable.frontend.tensor_extras import stack
 from einsummable.hardware.cluster import Cluster
@@ -63,11 +64,13 @@ __all__ = [
     "grad",
     "matmul",
     "nn",
+    "one_hot",
     "pad",
     "reduce",
     "reshape",
     "simulate",
     "stack",
+    "take",
     "train",
     "transpose",
     "view_as_complex",

@@ -42,7 +42,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     else:
         g = Graph()
         p = llama.parameters(g, cfg)
-        ids = g.input("ids", (args.batch, args.seq))
+        ids = g.input("ids", (args.batch, args.seq), "i64")
         pos = g.ramp((args.batch, args.seq), steps=(0.0, 1.0))
         g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, args.seq)))
     n_params = sum(math.prod(s) for s in cfg.parameter_shapes().values())

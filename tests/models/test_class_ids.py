@@ -92,13 +92,13 @@ def test_llama_token_ids_are_checked_in_the_embedding_and_the_targets(remat):
     graph = rematerialize(g.ir, loss, residuals) if remat else g
     prog = es.compile(graph, engine="reference")
     params = init_params(TINY)
-    tokens = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]], np.float32)
+    tokens = np.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]], np.int64)
     prog.run(params | {"tokens": tokens})
     tokens[0, 0] = 64  # read only by the embedding: it would embed as a zero row
-    with pytest.raises(FeedError, match=r"'tokens' holds 64.0 at position \(0, 0\), read as token ids"):
+    with pytest.raises(FeedError, match=r"'tokens' holds 64 at position \(0, 0\), read as token ids"):
         prog.run(params | {"tokens": tokens})
     tokens[0, 0], tokens[1, 4] = 1, 70  # read only as a target: the loss would be ln(64)
-    with pytest.raises(FeedError, match=r"'tokens' holds 70.0 at position \(1, 4\), read as cross_entropy"):
+    with pytest.raises(FeedError, match=r"'tokens' holds 70 at position \(1, 4\), read as cross_entropy"):
         prog.run(params | {"tokens": tokens})
 
 

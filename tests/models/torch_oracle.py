@@ -18,7 +18,7 @@ def check_loss_gradients(model, cfg, params, select=lambda name: True, batch=2, 
         g.output("d:" + n, d)
     g.output("loss", loss)
     tokens = np.random.default_rng(2).integers(0, cfg.vocab_size, (batch, seq + 1))
-    out = es.compile(g, **options).run(params | {"tokens": tokens.astype(np.float32)})
+    out = es.compile(g, **options).run(params | {"tokens": tokens})  # int64 ids, as torch takes them
     t = torch.tensor(tokens)
     logits = model(t[:, :-1]).logits
     ref_loss = torch.nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), t[:, 1:].reshape(-1))

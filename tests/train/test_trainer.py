@@ -48,7 +48,7 @@ def test_resume_reproduces_the_uninterrupted_curve(tmp_path):
 
 def test_accumulation_equals_one_big_batch(monkeypatch):
     rng = np.random.default_rng(0)
-    big = rng.integers(0, 256, (8, 33)).astype(np.float32)
+    big = rng.integers(0, 256, (8, 33))
 
     def fixed(data, cfg, step, micro=0):
         return big if cfg.batch == 8 else big[4 * micro : 4 * micro + 4]

@@ -8,7 +8,7 @@ import numpy as np
 
 from einsummable.engines.interop import as_array
 from einsummable.errors import FeedError
-from einsummable.ir.dtypes import to_numpy
+from einsummable.ir.dtypes import INTS, to_numpy
 from einsummable.ir.graph import EinGraph, InputNode
 
 
@@ -103,6 +103,8 @@ def _check_array(name: str, node: InputNode, value: object) -> np.ndarray:
     want = to_numpy(node.dtype)
     value = as_array(name, value)
     if isinstance(value, int | float) and not isinstance(value, bool) and node.shape == ():
+        if isinstance(value, float) and node.dtype in INTS:
+            raise FeedError(f"input {name!r} is the float {value!r}; it is {node.dtype}: feed an int")
         try:
             return np.asarray(value, dtype=want)
         except OverflowError:

@@ -17,7 +17,7 @@ import numpy as np
 
 from einsummable.errors import DtypeError, GraphError, ShapeError
 from einsummable.ir.box import Box, box_shape, fmt_box, intersect, place, shift, within
-from einsummable.ir.dtypes import COMPLEX, DTYPES, real_of
+from einsummable.ir.dtypes import COMPLEX, DTYPES, INTS, NAMES, real_of
 from einsummable.ir.einsummable import Einsummable, letter
 from einsummable.ir.expr import variables_used
 
@@ -167,6 +167,11 @@ class Fill:
             raise ShapeError(f"a tril fill needs rank >= 2, got shape {self.shape}")
         if isinstance(self.kind, Ramp) and len(self.kind.steps) != len(self.shape):
             raise ShapeError(f"ramp steps {self.kind.steps} do not match fill shape {self.shape}")
+        if self.dtype in INTS:
+            kind = self.kind
+            values = ((kind.value,) if isinstance(kind, Constant) else (kind.inside, kind.outside)
+                      if isinstance(kind, Tril) else (kind.start, *kind.steps))
+            _check_whole(values, self.dtype, f"fill[{kind}]")
 
     def describe(self) -> str:
         return f"fill[{self.kind}]"
@@ -184,6 +189,8 @@ class Select:
 
     def check(self, g: EinGraph) -> None:
         _check_shape(self.shape, "select")
+        if self.dtype in INTS:
+            _check_whole((self.pad,), self.dtype, "the padding of a select")
         for p in self.pieces:
             if not 0 <= p.input < len(self.inputs):
                 raise GraphError(f"select piece names operand {p.input} of {len(self.inputs)}")
@@ -287,6 +294,15 @@ def _is_int(s: object) -> bool:
 def _check_shape(shape: Shape, what: str) -> None:
     if not isinstance(shape, tuple) or any(type(s) is not int or s < 0 for s in shape):
         raise ShapeError(f"{what} has shape {shape!r}; expected a tuple of non-negative ints")
+
+
+def _check_whole(values: Sequence[float | complex], dtype: str, what: str) -> None:
+    """An integer tensor's fill and pad values are whole numbers its dtype holds."""
+    info = np.iinfo(NAMES[dtype])
+    for v in values:
+        if isinstance(v, complex) or not math.isfinite(v) or v != int(v) or not info.min <= v <= info.max:
+            raise DtypeError(f"{what} is {dtype} but holds {v!r}, not a whole number in {dtype}'s range; "
+                             "use a float dtype (such as f32) for it")
 
 
 def _check_dtype(dtype: str, what: str) -> None:

@@ -108,7 +108,7 @@ def batch_at(data: np.ndarray, cfg: TrainConfig, step: int, micro: int = 0) -> n
         raise CheckpointError(f"the data has {len(data)} tokens; need more than seq + 1 = {cfg.seq + 1}")
     rng = np.random.default_rng([cfg.seed, step, micro])
     starts = rng.integers(0, len(data) - cfg.seq - 1, cfg.batch)
-    return np.stack([data[s : s + cfg.seq + 1] for s in starts]).astype(np.float32)
+    return np.stack([data[s : s + cfg.seq + 1] for s in starts]).astype(np.int64)
 
 
 class Trainer:

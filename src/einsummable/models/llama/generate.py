@@ -50,7 +50,7 @@ class Generator:
         cfg = self.cfg
         g = Graph()
         p = llama.parameters(g, cfg, self.dtype)
-        ids = g.input("ids", (batch, new))
+        ids = g.input("ids", (batch, new), "i64")
         pos = g.input("pos", (batch, new))
         mask = g.input("mask", (batch, new, cached + new))
         cache = None
@@ -152,7 +152,7 @@ class Generator:
 
     def _feeds(self, ids: np.ndarray, pos: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
         mask = np.where(allowed, 0.0, NEG_INF).astype(np.float32)
-        return self.params | {"ids": ids.astype(np.float32), "pos": pos.astype(np.float32), "mask": mask}
+        return self.params | {"ids": ids.astype(np.int64), "pos": pos.astype(np.float32), "mask": mask}
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> np.ndarray:

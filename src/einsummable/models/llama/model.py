@@ -42,7 +42,8 @@ def parameters(g: Graph, cfg: LlamaConfig, dtype: str = "f32") -> dict[str, Tens
 def embed(ids: Tensor, table: Tensor) -> Tensor:
     """table[ids[b, s]] as an equality join: no tokens x vocab one-hot is formed.
 
-    ``ids`` holds token ids as floats; the kernels run this join as a gather.
+    ``ids`` holds token ids, i64 (or i32; floats holding whole numbers work too); the
+    kernels run this join as a gather.
     """
     mark_class_ids(ids, table.shape[0], "token ids")  # an id out of the vocabulary would embed as zeros
     vocab = ids.graph.ramp((table.shape[0],), steps=(1.0,), dtype=ids.dtype)
@@ -200,7 +201,7 @@ def lm_head(cfg: LlamaConfig, p: dict[str, Tensor], h: Tensor) -> Tensor:
 
 def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor | None,
             residuals: list[Tensor] | None = None) -> Tensor:
-    """Logits [b, s, vocab] for token ``ids`` [b, s] (as floats) at positions ``pos`` [b, s];
+    """Logits [b, s, vocab] for token ``ids`` [b, s] (i64) at positions ``pos`` [b, s] (f32);
     ``mask`` [s, s] or [b, s, s] of 0 / -inf is added to the scores (None: causal, masked blocks skipped).
     ``p`` comes from ``parameters(g, cfg)``; see ``loss_graph`` for a whole training graph."""
     h, _ = decoder(cfg, p, ids, pos, mask, residuals=residuals)
@@ -209,10 +210,10 @@ def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, ma
 
 def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
                residuals: list[Tensor] | None = None) -> tuple[Graph, dict[str, Tensor], Tensor]:
-    """Next-token cross-entropy over all positions: inputs ``tokens`` [b, s+1] (as floats)."""
+    """Next-token cross-entropy over all positions: inputs ``tokens`` [b, s+1] (i64 ids)."""
     g = Graph()
     p = parameters(g, cfg, dtype)
-    tokens = g.input("tokens", (batch, seq + 1))
+    tokens = g.input("tokens", (batch, seq + 1), "i64")
     ids, targets = tokens[:, :seq], tokens[:, 1:]
     pos = g.ramp((batch, seq), steps=(0.0, 1.0))
     logits = forward(cfg, p, ids, pos, None, residuals)
