@@ -67,6 +67,20 @@ def test_half_precision_partial_sums_round_once_on_two_nodes(two_nodes):
     np.testing.assert_allclose(out["p"].astype(np.float64).sum(-1), 1.0, atol=1e-2)
 
 
+def test_int64_ids_gather_and_count_on_two_nodes(two_nodes):
+    rng = np.random.default_rng(0)
+    ids, table = rng.integers(0, 50, (8, 16)), rng.standard_normal((50, 32)).astype(np.float32)
+    g = es.Graph()
+    x, t = g.input("ids", ids.shape, "i64"), g.input("t", table.shape)
+    g.output("emb", es.take(t, x))
+    g.output("hist", es.one_hot(x, 50, "i64").sum(axis=(0, 1)))
+    out = es.compile(g, cluster=es.Cluster(machines=2, cores=2, min_block_seconds=0), planner="uniform",
+                     engine="ray").run({"ids": ids, "t": table})
+    np.testing.assert_array_equal(out["emb"], table[ids])
+    assert out["hist"].dtype == np.int64
+    np.testing.assert_array_equal(out["hist"], np.bincount(ids.ravel(), minlength=50))
+
+
 @settings(max_examples=30)
 @given(st.integers(0, 2**32 - 1))
 def test_random_graphs_match_reference_on_two_nodes(two_nodes, seed):

@@ -13,7 +13,8 @@ Semantics follow the numpy path (``engines.interpret.Compiled``) value for value
 - ``where`` is a select, ``min``/``max`` propagate NaN and return the second operand
   on ties (as ``np.minimum``/``np.maximum`` do); no ``-ffast-math``: NaN, ±inf and
   −0.0 keep their IEEE meaning.
-Unsupported ops and dtypes (complex) return None: that kernel stays on numpy.
+Unsupported ops and dtypes (complex, and the integers i32 and i64: ids and indices, whose
+joins are gathers and comparisons) return None: that kernel stays on numpy.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ bf16 ulp per step (``exp(x - m)`` loses 2% at x - m = -5), and numpy's own
 ml_dtypes loops are slower than f32 anyway. An explicit ``cast(.., bf16)`` still
 rounds where it stands. Callers that reduce the join (``wide=True``) take the f32
 values and round after the reduction, so a sum rounds once, not once per term.
+Integers compute exactly in their own dtype: the constants of an integer step are made
+integers of it (typing checked that they are whole numbers, ir/scalar.py).
 """
 
 from __future__ import annotations

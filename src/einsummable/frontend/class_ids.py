@@ -1,5 +1,7 @@
 """Class ids are data: which fed values must be integers in [0, n), checked when fed.
 
+Ids travel as i64 or i32 (floats holding whole numbers still work, checked alike).
+
 cross_entropy and an embedding read a class id by comparing it with an index ramp,
 so an id that is out of range or fractional matches no class: the loss is ln(n) and
 the embedding a zero row, without a word. ``mark_class_ids`` traces a tensor of

@@ -150,10 +150,11 @@ def layernorm(x: Tensor, weight: Tensor | None = None, bias: Tensor | None = Non
 def cross_entropy(logits: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
     """Softmax cross-entropy over the last axis.
 
-    ``targets`` holds class ids (shape ``logits.shape[:-1]``, same float dtype,
-    compared against an index ramp, so no one-hot is fed) or probabilities (the
-    shape of ``logits``). Half-precision logits give a loss of their dtype, computed
-    in f32 and rounded once: the loss is a small difference of large logsumexps.
+    ``targets`` holds class ids (shape ``logits.shape[:-1]``, i32 or i64 as torch takes
+    them, or floats holding whole numbers; compared against an index ramp, so no one-hot
+    is fed) or probabilities (the shape of ``logits``). Half-precision logits give a loss
+    of their dtype, computed in f32 and rounded once: the loss is a small difference of
+    large logsumexps.
     """
     full, red, last = _specs(logits, -1)
     dtype = logits.dtype

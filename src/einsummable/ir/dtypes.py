@@ -3,6 +3,7 @@
 Dtypes are short strings ("f32", "bf16", ...) so that IR text stays readable and
 nodes stay hashable. bf16 comes from ``ml_dtypes``, imported on first use: it takes
 most of a second to import, and planning, printing and simulating never need it.
+The integers i32 and i64 carry ids and indices; ir/scalar_ops.py says which ops take them.
 """
 
 from collections.abc import Sequence
