@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import einsummable as es
-from einsummable.engines import ccodegen, kernels
+from einsummable.engines import cbuild, ccodegen, kernels, native
 from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.lowering import lower
 from einsummable.lower.stats import stats
@@ -298,12 +298,23 @@ def test_the_trainer_feeds_int64_token_batches():
 # ------------------------------------------------------------ kernels and byte counts
 
 
-def test_int_blocks_stay_on_the_numpy_kernels():
-    op = Einsummable.from_spec("ij,j->i", [(40, 30), (30,)], join="where(x0 == x1, x0, 0)", agg="max",
-                               dtypes=("i64", "i64"))
-    assert ccodegen.generate(op) is None  # no C form: kernels.prepare keeps numpy's path
-    a, b = np.random.default_rng(6).integers(0, 4, (40, 30)), np.arange(30) % 4
-    np.testing.assert_array_equal(kernels.prepare(op)([a, b]), np.where(a == b, a, 0).max(axis=1))
+def test_int_arithmetic_stays_on_numpy_and_int_comparisons_compile_to_c():
+    rng = np.random.default_rng(6)
+    a, b, f = rng.integers(0, 4, (40, 30)), np.arange(30) % 4, rng.standard_normal(30).astype(np.float32)
+    arith = Einsummable.from_spec("ij,j->i", [(40, 30), (30,)], join="where(x0 == x1, x0 * 2, 0)", agg="max",
+                                  dtypes=("i64", "i64"))
+    assert ccodegen.generate(arith) is None  # no C form: kernels.prepare keeps numpy's path
+    np.testing.assert_array_equal(kernels.prepare(arith)([a, b]), np.where(a == b, 2 * a, 0).max(axis=1))
+    if not cbuild.enabled() or cbuild.compiler() is None:
+        pytest.skip("no C compiler")
+    for join, want in [("where(x0 == x1, x2, 0)", np.where(a == b, f, 0)),
+                       ("where(x0 > 1.5, cast(x1, f32), x2)", np.where(a > 1.5, b, f)),  # compared as doubles
+                       ("where(x0 == 2.5, cast(x1, f32), x2)", np.broadcast_to(f, a.shape))]:
+        op = Einsummable.from_spec("ij,j,j->ij", [(40, 30), (30,), (30,)], join=join,
+                                   dtypes=("i64", "i64", "f32"))
+        assert ccodegen.generate(op) is not None
+        got = native.kernel(op, None)([a, b, f], None)  # no numpy fallback: the C function runs
+        np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=join)
 
 
 def test_moves_and_simulated_bytes_count_int_itemsizes():

@@ -13,8 +13,11 @@ Semantics follow the numpy path (``engines.interpret.Compiled``) value for value
 - ``where`` is a select, ``min``/``max`` propagate NaN and return the second operand
   on ties (as ``np.minimum``/``np.maximum`` do); no ``-ffast-math``: NaN, ±inf and
   −0.0 keep their IEEE meaning.
-Unsupported ops and dtypes (complex, and the integers i32 and i64: ids and indices, whose
-joins are gathers and comparisons) return None: that kernel stays on numpy.
+- integers (i32, i64: ids and indices) are read, compared and cast to f32 or f64 here
+  (a one-hot ``where(x0 == x1, g, 0)`` of int ids); a comparison with a constant runs in
+  double, as numpy's does. Integer arithmetic and integer results stay on numpy (C's
+  signed overflow is undefined, numpy's wraps), as do casts to integers and half types.
+Unsupported ops and dtypes (complex) return None: that kernel stays on numpy.
 """
 
 from __future__ import annotations
@@ -25,13 +28,17 @@ from dataclasses import dataclass
 
 from einsummable.errors import Unsupported
 from einsummable.ir import scalar
+from einsummable.ir.dtypes import INTS
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, inputs_used, variables_used
 from einsummable.ir.scalar_ops import GELU_A, GELU_C
 
 # storage type, compute type per dtype
-STORAGE = {"f32": "float", "f64": "double", "bf16": "uint16_t", "f16": "_Float16", "bool": "uint8_t"}
-COMPUTE = {"f32": "float", "f64": "double", "bf16": "float", "f16": "float", "bool": "int"}
+STORAGE = {"f32": "float", "f64": "double", "bf16": "uint16_t", "f16": "_Float16", "bool": "uint8_t",
+           "i32": "int32_t", "i64": "int64_t"}
+COMPUTE = {"f32": "float", "f64": "double", "bf16": "float", "f16": "float", "bool": "int",
+           "i32": "int32_t", "i64": "int64_t"}
+INT_TYPES = ("int32_t", "int64_t")
 VECTOR_MATH = ("exp", "log", "sin", "cos", "tanh")
 IDENTITY = {"add": "0.0", "mul": "1.0", "min": "INFINITY", "max": "-INFINITY"}
 
@@ -107,8 +114,8 @@ def _generate(op: Einsummable) -> Source:
     for d in (*op.dtypes, op.dtype):
         if d not in STORAGE:
             raise Unsupported(d)
-    if op.dtype == "bool":
-        raise Unsupported("bool output")
+    if op.dtype == "bool" or op.dtype in INTS:
+        raise Unsupported(f"{op.dtype} output")
     order = loop_order(op)
     names = tuple(sorted(variables_used(op.join)))
     emitter = _Emitter(op, names)
@@ -159,7 +166,8 @@ class _Emitter:
             return f"vars[{self.variables.index(e.name)}]", None
         if isinstance(e, Cast):
             code, ctype = self.emit(e.arg)
-            if e.dtype not in COMPUTE or e.dtype == "bool" or ctype == "int":
+            if e.dtype not in COMPUTE or e.dtype == "bool" or ctype == "int" or e.dtype in INTS or (
+                    ctype in INT_TYPES and e.dtype not in ("f32", "f64")):
                 raise Unsupported(f"cast to {e.dtype}")
             target = COMPUTE[e.dtype]
             code = f"(({target})({code}))"
@@ -178,6 +186,8 @@ class _Emitter:
         step = self._step_type(e)
         typed = [t for _, t in args if t is not None and t != "int"]
         work = "double" if "double" in typed else (typed[0] if typed else "double")
+        if work in INT_TYPES and any(t is None for _, t in args):
+            work = "double"  # an integer against a constant: numpy compares them as doubles
 
         def arg(k: int) -> str:
             code, t = args[k]
@@ -196,6 +206,8 @@ class _Emitter:
         d = scalar.dtype_of(e, self.op.dtypes)
         if d in ("c64",):
             raise Unsupported("complex")
+        if d in INTS:
+            raise Unsupported("integer arithmetic")
         return COMPUTE[d] if d is not None else self.result
 
     def _pow(self, e: Call) -> tuple[str, str]:
