@@ -113,6 +113,7 @@ def test_int_joins_comparisons_casts_and_reductions_match_numpy(dtype, n, m, see
         "to_f32": a.astype(np.float32) * np.float32(0.5),
         "to_int": f.astype(NP[dtype]),  # truncation toward zero, as numpy and torch
         "count": (a == b).sum(axis=1, dtype=NP[dtype]),
+        "mean": a.mean(axis=0).astype(np.float32),  # an f32, as jnp.mean gives
     }
     outs = {
         "onehot": es.einsum("ij,j->ij", x, y, join="where(x0 == x1, 1, 0)"),
@@ -126,13 +127,17 @@ def test_int_joins_comparisons_casts_and_reductions_match_numpy(dtype, n, m, see
         "to_f32": x.astype("f32") * 0.5,
         "to_int": z.astype(dtype),
         "count": es.einsum("ij,j->i", x, y, join=f"cast(where(x0 == x1, 1, 0), {dtype})", agg="add"),
+        "mean": x.mean(axis=0),
     }
     for name, t in outs.items():
         g.output(name, t)
     for out in run_all(g, {"a": a, "b": b, "f": f}):
         for name, w in want.items():
             assert out[name].dtype == w.dtype, name
-            np.testing.assert_array_equal(out[name], w, err_msg=name)
+            if name == "mean":  # a sum of x / n: rounds differently from numpy's sum, then / n
+                np.testing.assert_allclose(out[name], w, rtol=1e-6, atol=1e-6, err_msg=name)
+            else:
+                np.testing.assert_array_equal(out[name], w, err_msg=name)
 
 
 def test_int_graphs_lowered_with_irregular_partitions_match_the_reference():

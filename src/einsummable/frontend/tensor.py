@@ -19,7 +19,7 @@ from einsummable.frontend.shapes import broadcast_shapes, index_box, kept_axes, 
 from einsummable.ir import scalar
 from einsummable.ir.box import whole
 from einsummable.ir.dot import render, to_dot
-from einsummable.ir.dtypes import DEFAULT, canonical, common_float
+from einsummable.ir.dtypes import DEFAULT, INTS, canonical, common_float
 from einsummable.ir.einsummable import IDENTITY, PRODUCT, Einsummable
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, substitute
 from einsummable.ir.graph import (
@@ -209,7 +209,9 @@ class Tensor:
         return reduce(self, axis, "mul", keepdims=keepdims)
 
     def mean(self, axis=None, keepdims: bool = False) -> Tensor:
-        """Mean over ``axis`` (None: all axes), like ``np.mean``."""
+        """Mean over ``axis`` (None: all axes), like ``np.mean``; of integers, an f32 (as jnp.mean)."""
+        if self.dtype in INTS:
+            return cast(self, DEFAULT).mean(axis, keepdims)
         axes = normalize_axes(axis, self.ndim)
         count = math.prod(self.shape[a] for a in axes)
         return reduce(self, axes, "add", join=f"x0 * {1.0 / max(count, 1)!r}", keepdims=keepdims)
