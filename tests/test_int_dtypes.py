@@ -183,6 +183,22 @@ def test_take_and_one_hot_match_numpy():
         es.take(tx, g.input("f", (2,)))
 
 
+def test_indexing_by_an_integer_tensor_gathers_as_numpy_does():
+    rng = np.random.default_rng(2)
+    x, ids = rng.standard_normal((5, 4, 3)), np.array([[3, 0], [2, 2]])
+    g = es.Graph()
+    tx, ti = g.input("x", x.shape, "f64"), g.input("ids", ids.shape, "i64")
+    g.output("rows", tx[ti])
+    g.output("cols", tx[:, ti])
+    g.output("last", tx[:, :, ti[0, 1:]])
+    out = es.compile(g, 2).run({"x": x, "ids": ids})
+    np.testing.assert_array_equal(out["rows"], x[ids])
+    np.testing.assert_array_equal(out["cols"], x[:, ids])
+    np.testing.assert_array_equal(out["last"], x[:, :, ids[0, 1:]])
+    with pytest.raises(es.ShapeError, match=r"es\.take\(x, ids, axis\)"):
+        tx[ti, 1]
+
+
 # ------------------------------------------------------------ meaningless arithmetic
 
 

@@ -13,6 +13,8 @@ import numpy as np
 from einsummable.errors import DtypeError, ShapeError
 from einsummable.frontend import builders, shapes
 from einsummable.frontend import tensor as core
+from einsummable.frontend.gather import take
+from einsummable.ir.dtypes import INTS
 
 
 def rpow(base: object, x: core.Tensor) -> core.Tensor:
@@ -85,11 +87,15 @@ def getitem(x: core.Tensor, key) -> core.Tensor:
     elements picked one piece each by a select. A boolean mask is refused: it selects a
     number of elements known only when the program runs."""
     keys = key if isinstance(key, tuple) else (key,)
+    ids = [a for a, k in enumerate(keys) if isinstance(k, core.Tensor) and k.dtype in INTS]
+    if len(ids) == 1 and all(k == slice(None) for a, k in enumerate(keys) if a != ids[0]):
+        return take(x, keys[ids[0]], axis=ids[0])  # x[:, ids]: a gather by integer ids
     for k in keys:
         if isinstance(k, (core.Tensor | np.ndarray | list, bool)):
             raise ShapeError(f"index {type(k).__name__} (a mask or an index array) is not supported: "
                              "a graph's shapes are fixed before it runs; use es.where(mask, x, 0) "
-                             "to zero the unselected elements, or a gather by es.einsum")
+                             "to zero the unselected elements; an integer Tensor of ids gathers alone "
+                             "(x[ids], x[:, ids]), or by es.take(x, ids, axis)")
     if not any(isinstance(k, slice) and k.step not in (None, 1) for k in keys):
         return core.getitem(x, key)
     n_real = sum(1 for k in keys if k is not None and k is not Ellipsis)
