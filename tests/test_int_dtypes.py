@@ -199,6 +199,22 @@ def test_indexing_by_an_integer_tensor_gathers_as_numpy_does():
         tx[ti, 1]
 
 
+def test_argmax_and_argmin_are_int64_as_numpy_gives_and_gather_back():
+    x = np.random.default_rng(7).standard_normal((4, 6)).astype(np.float32)
+    x[1, :] = x[1, 0]  # ties take the first
+    g = es.Graph()
+    t = g.input("x", x.shape)
+    best = t.argmax(axis=1)
+    g.output("argmax", best)
+    g.output("argmin", t.argmin())
+    g.output("picked", es.take(t, best, axis=1))
+    out = es.compile(g, 2).run({"x": x})
+    for name, want in (("argmax", x.argmax(axis=1)), ("argmin", x.argmin())):
+        assert out[name].dtype == want.dtype == np.int64
+        np.testing.assert_array_equal(out[name], want)
+    np.testing.assert_array_equal(out["picked"], x[:, x.argmax(axis=1)])
+
+
 # ------------------------------------------------------------ meaningless arithmetic
 
 

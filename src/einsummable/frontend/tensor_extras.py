@@ -42,7 +42,7 @@ def std(x: core.Tensor, axis=None, keepdims: bool = False, ddof: int = 0) -> cor
 
 def _arg(x: core.Tensor, axis: int | None, keepdims: bool, best: str) -> core.Tensor:
     """The first index of the max (min) along ``axis``: compare with the reduced value, keep the
-    index ramp where equal, and take the smallest. The index comes back as a float of x's dtype."""
+    index ramp where equal, and take the smallest. The index is an i64, as numpy's."""
     if axis is None:
         if keepdims:
             raise ShapeError("argmax/argmin with axis=None and keepdims=True: name an axis")
@@ -52,18 +52,18 @@ def _arg(x: core.Tensor, axis: int | None, keepdims: bool, best: str) -> core.Te
     axis %= x.ndim
     top = getattr(x, best)(axis=axis, keepdims=True)
     steps = tuple(1.0 if d == axis else 0.0 for d in range(x.ndim))
-    ramp = x.graph.ramp(x.shape, steps, dtype=x.dtype)
-    index = builders.where(x == top, ramp, float(x.shape[axis]))
+    ramp = x.graph.ramp(x.shape, steps, dtype="i64")
+    index = builders.where(x == top, ramp, x.shape[axis])
     return index.min(axis=axis, keepdims=keepdims)
 
 
 def argmax(x: core.Tensor, axis: int | None = None, keepdims: bool = False) -> core.Tensor:
-    """Index of the first max along ``axis`` (None: flattened), as a float of x's dtype."""
+    """Index of the first max along ``axis`` (None: flattened), an i64 as numpy's."""
     return _arg(x, axis, keepdims, "max")
 
 
 def argmin(x: core.Tensor, axis: int | None = None, keepdims: bool = False) -> core.Tensor:
-    """Index of the first min along ``axis`` (None: flattened), as a float of x's dtype."""
+    """Index of the first min along ``axis`` (None: flattened), an i64 as numpy's."""
     return _arg(x, axis, keepdims, "min")
 
 
