@@ -105,7 +105,8 @@ def load(model_dir: str | Path, dtype: str = "f32") -> tuple[LlamaConfig, dict[s
 
     Every tensor must have exactly the shape the config gives it in Hugging Face's
     layout (a transposed matrix is not a reshape of the right one), and every
-    tensor in the checkpoint must be one the config has.
+    tensor in the checkpoint must be one the config has. The file is mapped and each
+    tensor copied out, then released: a load peaks at the model's size plus one tensor.
     """
     model_dir = Path(model_dir)
     cfg = load_config(model_dir)
@@ -125,6 +126,7 @@ def load(model_dir: str | Path, dtype: str = "f32") -> tuple[LlamaConfig, dict[s
                 f"{model_dir}: tensor {name!r} has shape {w.shape}; the config says {want}"
             )
         params[name] = to_ours(cfg, name, w).astype(to_numpy(dtype))
+        safetensors_io.release(w)  # copied: the map's pages need not stay resident
     return cfg, params
 
 
