@@ -104,6 +104,13 @@ def test_cli_lora_fine_tune_loads_back_in_peft_and_merged_in_transformers(tmp_pa
     assert (reloaded.config.bos_token_id, reloaded.config.eos_token_id) == (1, 2)
     assert cli.main(["generate", "--model", str(tmp_path / "merged"), "--prompt", "the quick",
                      "--max-new-tokens", "3", "--engine", "reference"]) == 0
+    # a finished run resumed with --merge only merges: the same model again
+    assert cli.main(["train", "--resume", str(tmp_path / "run"), "--merge", str(tmp_path / "again"),
+                     "--engine", "reference"]) == 0
+    again = tensors(tmp_path / "again" / "model.safetensors")
+    assert again.keys() == merged.keys()
+    for name, w in merged.items():
+        np.testing.assert_array_equal(again[name], w, err_msg=name)
 
 
 def test_cli_freeze_keeps_the_matching_weights_bit_identical(tmp_path, capsys):

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from einsummable.errors import EinsummableError
+from einsummable.errors import CheckpointError, EinsummableError
 from einsummable.ir.graph import InputNode
 from einsummable.models.llama import lora, weights
 from einsummable.models.llama.data import corpus
@@ -95,7 +95,8 @@ def test_lora_trains_only_the_adapters_and_matches_the_merged_model():
 def test_lora_checkpoint_is_peft_s_layout_and_resumes_the_same_curve(tmp_path):
     weights.save(tmp_path / "base", ODD, init_params(ODD, seed=1), tokenizer="bytes")
     cfg, params = weights.load(tmp_path / "base")
-    lora_kw = {"lora_rank": 2, "freeze": ("model.layers.1.self_attn.o_proj.lora_*",)}
+    lora_kw = {"lora_rank": 2, "lora_targets": ("o_proj", "q_proj"),  # saved in the model's order
+               "freeze": ("model.layers.1.self_attn.o_proj.lora_*",)}
 
     def run():
         return Trainer(cfg, params, TrainConfig(**BASE | lora_kw), corpus(), engine="reference",
@@ -115,6 +116,8 @@ def test_lora_checkpoint_is_peft_s_layout_and_resumes_the_same_curve(tmp_path):
     assert resumed.trainable == first.trainable
     assert "model.layers.1.self_attn.o_proj.lora_A.weight" not in resumed.trainable
     np.testing.assert_allclose(first.losses + resumed.fit(), straight, rtol=1e-6)
+    with pytest.raises(CheckpointError, match="holds LoRA adapters, not a model: merge them"):
+        weights.load(tmp_path / "ck")
     resumed.save_merged(tmp_path / "merged")
     _, merged = weights.load(tmp_path / "merged")
     np.testing.assert_array_equal(merged["model.norm.weight"], params["model.norm.weight"])

@@ -51,7 +51,7 @@ class LoraConfig:
             raise EinsummableError(f"LoRA rank must be an int >= 1, got {self.rank!r}")
         if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not self.alpha > 0:
             raise EinsummableError(f"LoRA alpha must be a number > 0, got {self.alpha!r}")
-        check_targets(self.targets)
+        object.__setattr__(self, "targets", check_targets(self.targets))
 
     @property
     def scale(self) -> float:
@@ -59,7 +59,7 @@ class LoraConfig:
 
 
 def check_targets(targets: object) -> tuple[str, ...]:
-    """``targets`` as module names; a clear error for an unknown, repeated or empty list."""
+    """``targets`` in the model's order; a clear error for an unknown, repeated or empty list."""
     if not isinstance(targets, tuple | list) or not targets:
         raise EinsummableError(f"LoRA targets must be a non-empty list of {list(TARGETS)}, got {targets!r}")
     unknown = [t for t in targets if t not in TARGETS]
@@ -68,7 +68,7 @@ def check_targets(targets: object) -> tuple[str, ...]:
                                f"{list(TARGETS)}")
     if len(set(targets)) != len(targets):
         raise EinsummableError(f"LoRA targets {list(targets)} name a projection twice")
-    return tuple(targets)
+    return tuple(sorted(targets, key=TARGETS.index))
 
 
 def shapes(cfg: LlamaConfig, lora: LoraConfig) -> dict[str, tuple[int, ...]]:
@@ -160,14 +160,10 @@ def read_config(directory: str | Path) -> tuple[LoraConfig, str | None]:
                               f"supported; list the projections, from {list(TARGETS)}")
     base = config.get("base_model_name_or_path")
     try:
-        lora = LoraConfig(config.get("r"), config.get("lora_alpha"), tuple(sorted(targets or (), key=_order)))
+        lora = LoraConfig(config.get("r"), config.get("lora_alpha"), tuple(targets or ()))
     except EinsummableError as err:
         raise CheckpointError(f"{path}: {err}") from None
     return lora, base if isinstance(base, str) else None
-
-
-def _order(target: str) -> int:
-    return TARGETS.index(target) if target in TARGETS else -1
 
 
 def load(directory: str | Path, cfg: LlamaConfig, lora: LoraConfig, dtype: str = "f32"

@@ -44,6 +44,9 @@ def to_hf(cfg: LlamaConfig, name: str, w: np.ndarray) -> np.ndarray:
 def load_config(model_dir: str | Path) -> LlamaConfig:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
+        if (Path(model_dir) / "adapter_config.json").is_file():
+            raise CheckpointError(f"{model_dir} holds LoRA adapters, not a model: merge them into their base "
+                                  f"(einsummable train --resume {model_dir} --merge DIR)")
         raise CheckpointError(f"{model_dir}: no config.json")
     try:
         config = json.loads(path.read_text())
