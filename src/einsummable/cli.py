@@ -31,14 +31,20 @@ DEMO_MODEL = PRESETS["demo"]
 DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=400, lr=3e-3, min_lr=3e-4, warmup=30)
 
 
-def run_training(trainer: Trainer, out: Path, save_every: int = 100, log_every: int = 0) -> None:
+def run_training(trainer: Trainer, out: Path, save_every: int = 100, log_every: int = 0,
+                 merge: Path | None = None) -> None:
     """Train up to ``cfg.steps``, saving every ``save_every`` steps and at the end; a loss line
-    every ``log_every`` steps (0: the progress bar only) leaves a record in logs."""
+    every ``log_every`` steps (0: the progress bar only) leaves a record in logs. ``merge``
+    names a directory for the merged full weights at the end."""
     cfg, model = trainer.cfg, trainer.model
     tokens_per_step = cfg.batch * cfg.seq * cfg.accum
-    n_params = sum(w.size for w in trainer.params.values())
+    params = trainer.params
+    n_params = sum(w.size for w in params.values())
+    n_train = sum(params[n].size for n in trainer.trainable)
+    trained = f", {n_train:,} trained" if n_train < n_params else ""
     print(f"training a {model.num_hidden_layers}-layer Llama (d={model.hidden_size}, "
-          f"{n_params:,} parameters), batch {cfg.batch} x seq {cfg.seq}, steps {trainer.step}..{cfg.steps}")
+          f"{n_params:,} parameters{trained}), batch {cfg.batch} x seq {cfg.seq}, "
+          f"steps {trainer.step}..{cfg.steps}")
     print("settings: " + ", ".join(f"{k}={v}" for k, v in asdict(cfg).items()))
     print(_summary(trainer.program.plan))
     start, first = time.perf_counter(), trainer.step
@@ -52,7 +58,15 @@ def run_training(trainer: Trainer, out: Path, save_every: int = 100, log_every: 
             if trainer.step % save_every == 0 or trainer.step == cfg.steps:
                 trainer.save(out)
     plot = plot_losses(trainer.losses, out / "loss.png")
-    print(f"saved the model, optimizer state{f' and {plot.name}' if plot else ''} to {out}/")
+    what = "LoRA adapters (PEFT's layout)" if trainer.cfg.lora else "model"
+    print(f"saved the {what}, optimizer state{f' and {plot.name}' if plot else ''} to {out}/")
+    if merge is not None:
+        save_merged(trainer, merge)
+
+
+def save_merged(trainer: Trainer, merge: Path) -> None:
+    trainer.save_merged(merge)
+    print(f"saved the merged model (Hugging Face layout) to {merge}/")
 
 
 def _summary(plan: Plan | None) -> str:
@@ -126,32 +140,56 @@ def cmd_train(args: argparse.Namespace) -> None:
         raise EinsummableError(f"--save-every must be >= 1 and --log-every >= 0, got {args.save_every} "
                                f"and {args.log_every}")
     source = str(Path(args.data).resolve()) if args.data else None
+    merge = Path(args.merge) if args.merge else None
     if args.resume:
         trainer = _resume(args, source)
         out = Path(args.out or args.resume)
+        if trainer.step >= trainer.cfg.steps:  # a finished run, resumed only to merge it
+            save_merged(trainer, merge)
+            return
     else:
-        spec = _read_json(Path(args.config)) if args.config else {}
-        model = _model_config(spec.get("model", {}), args.config)
-        train = _train_config(spec.get("train", {}), args.steps, args.config, _overrides(args))
-        source = source or BUNDLED
-        trainer = Trainer(model, init_params(model, train.seed), train, load_data(source),
-                          engine=args.engine, workers=args.workers, data_source=source,
-                          tokenizer=tokenizers.BYTES)
+        trainer = _new_run(args, source or BUNDLED)
         out = Path(args.out or "einsummable-run")
-    run_training(trainer, out, args.save_every, args.log_every)
+    run_training(trainer, out, args.save_every, args.log_every, merge)
 
 
-_OVERRIDES = ("seed", "lr", "batch", "seq")  # flags that set a training setting of a new run
+def _new_run(args: argparse.Namespace, source: str) -> Trainer:
+    """A run from scratch (a byte-level model of the config's shape), or a fine-tune of --model."""
+    spec = _read_json(Path(args.config)) if args.config else {}
+    train = _train_config(spec.get("train", {}), args.steps, args.config, _overrides(args))
+    options = {"engine": args.engine, "workers": args.workers, "data_source": source}
+    if args.model:
+        if "model" in spec:
+            raise EinsummableError(f"--model {args.model} fine-tunes that model; {args.config} sets up a "
+                                   "model of its own ('model'): pass one or the other")
+        model, params = weights.load(args.model)
+        data = load_data(source, tokenizers.load(args.model))
+        return Trainer(model, params, train, data, tokenizer=args.model, base_model=args.model, **options)
+    if train.lora_rank:
+        raise EinsummableError("LoRA fine-tunes a pretrained model: pass it with --model DIR")
+    model = _model_config(spec.get("model", {}), args.config)
+    return Trainer(model, init_params(model, train.seed), train, load_data(source),
+                   tokenizer=tokenizers.BYTES, **options)
+
+
+# flags that set a training setting of a new run
+_OVERRIDES = ("seed", "lr", "batch", "seq", "lora_rank", "lora_alpha", "lora_targets", "freeze")
 
 
 def _overrides(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
 
 
+def _targets(text: str) -> tuple[str, ...]:
+    """--lora-targets q,k,v,o (or q_proj,...) as module names."""
+    return tuple(t if t.endswith("_proj") else f"{t}_proj" for t in text.replace(" ", "").split(","))
+
+
 def _resume(args: argparse.Namespace, source: str | None) -> Trainer:
     """The checkpoint's run, continued up to --steps (default: the end it was saved with)."""
-    if args.config:
-        raise EinsummableError("--config sets up a new run; a resumed run keeps its checkpoint's settings "
+    if args.config or args.model:
+        flag = "--config" if args.config else "--model"
+        raise EinsummableError(f"{flag} sets up a new run; a resumed run keeps its checkpoint's settings "
                                "(--steps moves its end)")
     if _overrides(args):
         flags = ", ".join(f"--{name}" for name in _overrides(args))
@@ -164,7 +202,7 @@ def _resume(args: argparse.Namespace, source: str | None) -> Trainer:
                                  engine=args.engine, workers=args.workers)
     for w in caught:
         print(f"einsummable: warning: {w.message}", file=sys.stderr)
-    if trainer.step >= trainer.cfg.steps:
+    if trainer.step >= trainer.cfg.steps and not args.merge:
         raise EinsummableError(f"{args.resume} has finished its run of {trainer.cfg.steps} steps; "
                                f"--steps N trains on up to step N (N > {trainer.step})")
     return trainer
@@ -252,12 +290,15 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_help(demo)
     demo.set_defaults(fn=cmd_demo)
 
-    train = command("train", "train a Llama on a text file (byte-level)")
+    train = command("train", "train a Llama on a text file (byte-level), or fine-tune one (--model)")
     train.add_argument("--config", metavar="FILE",
                        help='JSON: {"model": {...LlamaConfig}, "train": {...TrainConfig}}')
     train.add_argument("--data", metavar="FILE", help=(
         "a text file (default: the bundled corpus; with --resume, the data the "
         "checkpoint trained on, which must be unchanged)"))
+    train.add_argument("--model", metavar="DIR", help=(
+        "fine-tune this Hugging Face Llama (config.json, weights and tokenizer), the data tokenized with "
+        "its tokenizer, rather than train a new byte-level model"))
     train.add_argument("--resume", metavar="DIR", help="a checkpoint directory written by train or demo")
     train.add_argument("--steps", type=int, default=None, metavar="N", help=(
         "the step to train up to (a total, not a count of more steps): a new run trains N steps; with "
@@ -270,6 +311,19 @@ def build_parser() -> argparse.ArgumentParser:
                              ("--batch", int, "sequences per step"), ("--seq", int, "tokens per sequence")):
         train.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "X",
                            help=f"{text}, over the config's (default: the config's; refused with --resume)")
+    train.add_argument("--lora-rank", type=int, default=None, metavar="N", help=(
+        "train LoRA adapters of rank N on the frozen weights of --model; checkpoints hold the adapters in "
+        "PEFT's layout (adapter_config.json, adapter_model.safetensors)"))
+    train.add_argument("--lora-alpha", type=float, default=None, metavar="X",
+                       help=f"the adapters add (X / N) B A (default: {TrainConfig.lora_alpha:g})")
+    train.add_argument("--lora-targets", type=_targets, default=None, metavar="LIST", help=(
+        "the projections that get adapters, from q,k,v,o,gate,up,down (default: q,k,v,o)"))
+    train.add_argument("--freeze", action="append", default=None, metavar="PATTERN", help=(
+        "do not train the parameters whose names match: a glob (model.layers.0.*) or re:REGEX; "
+        "repeatable"))
+    train.add_argument("--merge", metavar="DIR", help=(
+        "at the end, also write the merged model (adapters folded into the weights) in the Hugging "
+        "Face layout, for transformers and generate; with a finished --resume, only that"))
     train.add_argument("--save-every", type=int, default=100, metavar="N",
                        help="save a checkpoint every N steps (and at the end)")
     train.add_argument("--log-every", type=int, default=0, metavar="N",

@@ -1,7 +1,9 @@
 """A training checkpoint's ``trainer.json``: where the run stands, and what it is made of.
 
 A checkpoint directory holds ``config.json`` and ``model.safetensors`` (the Hugging
-Face layout), ``optimizer.safetensors`` and, written last, ``trainer.json``:
+Face layout; a LoRA run's holds PEFT's ``adapter_config.json`` and
+``adapter_model.safetensors`` instead), ``optimizer.safetensors`` and, written last,
+``trainer.json``:
 
     {"step": 4, "train": {...TrainConfig}, "losses": [...],
      "data": {"source": "/abs/corpus.txt", "sha256": "...", "tokens": 236000},
@@ -25,6 +27,7 @@ from einsummable.models import atomic
 
 META = "trainer.json"
 FILES = ("config.json", "model.safetensors", "optimizer.safetensors")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "optimizer.safetensors")  # a LoRA run's
 
 
 def data_record(data: np.ndarray, source: str | None) -> dict:
@@ -36,9 +39,10 @@ def data_digest(data: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(data)).hexdigest()
 
 
-def write(directory: Path, step: int, train: dict, losses: list[float], data: dict) -> None:
-    """Write trainer.json into ``directory`` once the other files are there (it lists them)."""
-    files = {name: _digest(directory / name) for name in FILES}
+def write(directory: Path, step: int, train: dict, losses: list[float], data: dict,
+          names: tuple[str, ...] = FILES) -> None:
+    """Write trainer.json into ``directory`` once the other files (``names``) are there (it lists them)."""
+    files = {name: _digest(directory / name) for name in names}
     meta = {"step": step, "train": train, "losses": losses, "data": data, "files": files}
     (directory / META).write_text(json.dumps(meta, indent=2))
 
@@ -108,7 +112,7 @@ def _check_meta(path: Path, meta: object) -> None:
     files = meta["files"]
     if not isinstance(files, dict):
         raise CheckpointError(f"{path}: 'files' must be an object, got {files!r}")
-    _keys(path, "files.", files, set(FILES))
+    _keys(path, "files.", files, set(ADAPTER_FILES if "adapter_config.json" in files else FILES))
     for name, entry in files.items():
         if not isinstance(entry, dict):
             raise CheckpointError(f"{path}: 'files.{name}' must be an object, got {entry!r}")

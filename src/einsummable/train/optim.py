@@ -18,6 +18,8 @@ run-time variable fed with each run: a learning-rate schedule needs no re-plan.
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -124,6 +126,32 @@ def adamw(loss: Tensor, params: Sequence[Tensor], lr: Hyper = "lr", betas: tuple
     if not isinstance(decay_all, bool):
         raise OptimizerError(f"decay_all must be True or False, got {decay_all!r}")
     return _adam(loss, params, lr, betas, eps, weight_decay, clip_norm, decoupled=True, decay_all=decay_all)
+
+
+def frozen(names: Sequence[str], patterns: Sequence[str]) -> set[str]:
+    """The parameter names that ``patterns`` freeze: each is a glob (``model.layers.0.*``)
+    or, after ``re:``, a regular expression, matched against the whole name. A frozen
+    parameter is left out of the optimizer: no gradient, no state, never changed.
+    A pattern that matches no parameter is an error (a typo would freeze nothing)."""
+    hits: set[str] = set()
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not pattern:
+            raise OptimizerError(f"a freeze pattern must be a non-empty string, got {pattern!r}")
+        if pattern.startswith("re:"):
+            try:
+                regex = re.compile(pattern[3:])
+            except re.error as err:
+                raise OptimizerError(f"freeze pattern {pattern!r}: not a regex ({err})") from None
+            match = [n for n in names if regex.fullmatch(n)]
+        else:
+            match = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not match:
+            shown = ", ".join(list(names)[:4])
+            raise OptimizerError(f"freeze pattern {pattern!r} matches no parameter (they are named like "
+                                 f"{shown}, ...; a glob, or re: and a regular expression, matches "
+                                 "whole names)")
+        hits.update(match)
+    return hits
 
 
 def decays(shape: Sequence[int], decay_all: bool = False) -> bool:

@@ -6,6 +6,10 @@ update program applies them: its objective is <g, w>, whose gradient is exactly
 the accumulated g, so clipping and AdamW are the optimizer's own. Batches are a
 pure function of (seed, step), so a resumed run sees the same data it would have.
 
+With ``lora_rank``, the base weights are frozen inputs and only LoRA adapters train
+(``models/llama/lora.py``); ``freeze`` patterns freeze chosen parameters. A frozen
+parameter gets no gradient node and no optimizer state: it stays resident, unchanged.
+
 A checkpoint (``save``) replaces its directory whole, trainer.json last with a
 manifest of the other files; ``resume`` checks the manifest, the optimizer's step
 and the data before it trains on (see checkpoint.py and models/atomic.py).
@@ -30,13 +34,15 @@ from einsummable.frontend.einsum import einsum
 from einsummable.frontend.tensor import Graph
 from einsummable.ir.dtypes import to_numpy
 from einsummable.models import atomic
+from einsummable.models.llama import lora as adapters
 from einsummable.models.llama import model as llama
 from einsummable.models.llama import safetensors_io, weights
+from einsummable.models.llama import tokenizer as tokenizers
 from einsummable.models.llama.data import load_data
 from einsummable.models.llama.model import LlamaConfig
-from einsummable.models.llama.tokenizer import TokenizerFiles
+from einsummable.models.llama.tokenizer import Tokenizer, TokenizerFiles
 from einsummable.progress import Progress
-from einsummable.train import checkpoint
+from einsummable.train import checkpoint, optim
 from einsummable.train.grads import grad_name, output_gradients
 from einsummable.train.optim import STEP, TrainStep, adamw
 
@@ -57,13 +63,29 @@ class TrainConfig:
     accum: int = 1
     seed: int = 0
     remat: bool = False  # recompute each layer's activations in the backward, from its input
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank on the frozen base weights
+    lora_alpha: float = 8.0  # the adapters add (lora_alpha / lora_rank) B A, as PEFT's
+    lora_targets: tuple[str, ...] = adapters.DEFAULT_TARGETS
+    freeze: tuple[str, ...] = ()  # globs (or re:regex) of parameter names not to train
 
     def __post_init__(self) -> None:
         for f in fields(self):
+            if f.type == "tuple[str, ...]" and isinstance(getattr(self, f.name), list):  # as read from JSON
+                object.__setattr__(self, f.name, tuple(getattr(self, f.name)))
             value = getattr(self, f.name)
             if not _SETTING[f.type](value) or (f.name in _AT_LEAST and value < _AT_LEAST[f.name]):
                 least = f" >= {_AT_LEAST[f.name]}" if f.name in _AT_LEAST else ""
                 raise EinsummableError(f"training setting {f.name!r} must be {f.type}{least}, got {value!r}")
+        adapters.check_targets(self.lora_targets)
+        if self.lora_rank:
+            adapters.LoraConfig(self.lora_rank, self.lora_alpha, self.lora_targets)  # checks alpha
+
+    @property
+    def lora(self) -> adapters.LoraConfig | None:
+        """The adapters' settings, or None when the whole model trains."""
+        if not self.lora_rank:
+            return None
+        return adapters.LoraConfig(self.lora_rank, self.lora_alpha, self.lora_targets)
 
     @classmethod
     def from_dict(cls, values: object, where: str,
@@ -90,8 +112,9 @@ def _is_real(x: object) -> bool:
 
 
 _SETTING = {"int": _is_int, "float": _is_real, "float | None": lambda x: x is None or _is_real(x),
-            "bool": lambda x: isinstance(x, bool)}
-_AT_LEAST = {"batch": 1, "seq": 1, "steps": 1, "accum": 1, "warmup": 0, "seed": 0}
+            "bool": lambda x: isinstance(x, bool),
+            "tuple[str, ...]": lambda x: isinstance(x, tuple) and all(isinstance(s, str) for s in x)}
+_AT_LEAST = {"batch": 1, "seq": 1, "steps": 1, "accum": 1, "warmup": 0, "seed": 0, "lora_rank": 0}
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -115,30 +138,42 @@ class Trainer:
     def __init__(self, model: LlamaConfig, params: dict[str, np.ndarray], cfg: TrainConfig,
                  data: np.ndarray, *, engine: str | None = None, workers: int | None = None,
                  opt_state: dict[str, np.ndarray] | None = None, step: int = 0,
-                 data_source: str | None = None, tokenizer: str | Path | None = None) -> None:
+                 data_source: str | None = None, tokenizer: str | Path | TokenizerFiles | None = None,
+                 base_model: str | Path | None = None) -> None:
         """``data_source`` (a path, or ``BUNDLED``) is saved so that a resume can find the data.
         ``tokenizer`` (the model directory the weights came from, or ``"bytes"`` for a
-        byte-level model) gives the tokenizer files and special-token ids every save writes."""
+        byte-level model) gives the tokenizer files and special-token ids every save writes.
+        With ``cfg.lora_rank``, ``params`` are the base weights (adapters, if absent, start
+        as PEFT's) and ``base_model`` is their directory, which the saved adapters name."""
         check_class_ids("the training data", np.asarray(data), model.vocab_size, "token ids")
         self.model, self.cfg, self.data, self.step = model, cfg, data, step
         self.data_record = checkpoint.data_record(data, data_source)
-        self.tokenizer = TokenizerFiles.read(tokenizer)  # read now: the source may be replaced later
+        files = tokenizer if isinstance(tokenizer, TokenizerFiles) else TokenizerFiles.read(tokenizer)
+        self.tokenizer = files  # read now: the source may be replaced later
+        self.base_model = str(Path(base_model).resolve()) if base_model is not None else None
         options = {"engine": engine, "workers": workers}
         residuals: list = []
         dtypes = {str(np.asarray(w).dtype) for w in params.values()}
         if dtypes - {"float32", "bfloat16"} or len(dtypes) > 1:
             raise EinsummableError(f"the parameters must be all f32 or all bf16, got {sorted(dtypes)}")
         dtype = "bf16" if dtypes == {"bfloat16"} else "f32"  # bf16: AdamW keeps f32 masters and moments
-        g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, dtype, residuals=residuals)
+        if cfg.lora is not None and not any(".lora_" in name for name in params):
+            params = dict(params) | adapters.init(model, cfg.lora, cfg.seed, dtype)
+        g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, dtype, residuals=residuals, lora=cfg.lora)
+        self.trainable = _trainable(p, params, cfg)
+        train = {name: p[name] for name in self.trainable}
+        self._fixed: dict[str, np.ndarray] = {}  # frozen parameters the driver feeds (accumulation only)
         if cfg.accum == 1:
-            self.update = self._optimizer(p, loss)
+            self.update = self._optimizer(train, loss)
             graph = self._remat(g, loss, residuals)
         else:
-            output_gradients(g, loss, p)
+            output_gradients(g, loss, train)
             g.output("loss", loss)
             self.micro = compile(self._remat(g, loss, residuals), **options)
+            self._fixed = {name: params[name] for name in p if name not in train}
+            params = {name: params[name] for name in train}
             u = Graph()
-            up = {name: u.input(name, w.shape, w.dtype) for name, w in p.items()}
+            up = {name: u.input(name, w.shape, w.dtype) for name, w in train.items()}
             objective = None
             for name, w in up.items():
                 letters = "abcdefgh"[: w.ndim]
@@ -151,6 +186,7 @@ class Trainer:
             self._check_optimizer_state(opt_state)
         state = dict(params) | (opt_state if opt_state is not None else self.update.init_state(params))
         self.session = self.program.session(state)  # weights and moments stay on the workers
+        self.names = tuple(p)  # every parameter, frozen or not, in the model's order
         self.losses: list[float] = []
 
     def _check_optimizer_state(self, opt_state: dict[str, np.ndarray]) -> None:
@@ -179,8 +215,9 @@ class Trainer:
 
     @property
     def params(self) -> dict[str, np.ndarray]:
+        """Every parameter (frozen ones and adapters included), gathered from the workers."""
         state = self.state
-        return {name: state[name] for name in self.update.params}
+        return {name: state[name] if name in state else self._fixed[name] for name in self.names}
 
     def train_step(self) -> float:
         """One optimizer step; returns the mean loss over its micro-batches."""
@@ -231,14 +268,31 @@ class Trainer:
         """Weights in the Hugging Face layout, optimizer state, and where the run stands.
 
         The directory is replaced whole: a crash leaves the previous checkpoint.
+        A LoRA run writes its adapters in PEFT's layout instead of the weights; they name
+        the base model's directory, which a resume reads again.
         """
         everything = self.state
+        params = {name: everything[name] if name in everything else self._fixed[name] for name in self.names}
         with atomic.replacing(directory) as fresh:
-            weights.write(fresh, self.model, {name: everything[name] for name in self.update.params},
-                          tokenizer=self.tokenizer)
+            if self.cfg.lora is None:
+                weights.write(fresh, self.model, params, tokenizer=self.tokenizer)
+                names = checkpoint.FILES
+            else:
+                tensors = {name: w for name, w in params.items() if ".lora_" in name}
+                adapters.save(fresh, self.model, self.cfg.lora, tensors, self.base_model)
+                TokenizerFiles(self.tokenizer.files).write(fresh)  # no config.json to hold the ids
+                names = checkpoint.ADAPTER_FILES
             state = {s.name: everything[s.name] for s in self.update.state}
             safetensors_io.save(state, fresh / "optimizer.safetensors")
-            checkpoint.write(fresh, self.step, asdict(self.cfg), self.losses, self.data_record)
+            checkpoint.write(fresh, self.step, asdict(self.cfg), self.losses, self.data_record, names)
+
+    def save_merged(self, directory: str | Path) -> None:
+        """The model as trained, adapters folded into their weights (``W + (alpha / r) B A``),
+        in the Hugging Face layout with the tokenizer: what transformers and generate load."""
+        params = self.params
+        if self.cfg.lora is not None:
+            params = adapters.merge(params, self.cfg.lora)
+        weights.save(directory, self.model, params, tokenizer=self.tokenizer)
 
     @classmethod
     def resume(cls, directory: str | Path, data: np.ndarray | None = None, *, data_source: str | None = None,
@@ -257,22 +311,68 @@ class Trainer:
             if steps <= meta["step"]:
                 raise CheckpointError(f"{directory} is at step {meta['step']}; cannot train up to {steps}")
             cfg = replace(cfg, steps=steps)
-        data, data_source = _resume_data(where, meta["data"], data, data_source)
+        data, data_source = _resume_data(where, meta["data"], data, data_source, _data_tokenizer(directory))
         opt_state = safetensors_io.load(directory / "optimizer.safetensors")
         bf16 = any(name.endswith(".master") for name in opt_state)  # a bf16 run keeps f32 masters
-        model, params = weights.load(directory, "bf16" if bf16 else "f32")
+        dtype = "bf16" if bf16 else "f32"
+        tokenizer: Path | TokenizerFiles = directory
+        base = None
+        if (directory / adapters.CONFIG).is_file():
+            model, params, base = _load_adapters(directory, cfg, dtype)
+            # the tokenizer files travel with the adapters; the special-token ids are the base's
+            tokenizer = TokenizerFiles(TokenizerFiles.read(directory).files, TokenizerFiles.read(base).config)
+        else:
+            model, params = weights.load(directory, dtype)
         saved = opt_state.get(STEP)
         if saved is not None and saved.shape == () and float(saved) != meta["step"]:
             raise CheckpointError(f"{directory / 'optimizer.safetensors'} is at step {float(saved):g} but "
                                   f"{where} says {meta['step']}: the files come from different saves")
         trainer = cls(model, params, cfg, data, opt_state=opt_state, step=meta["step"],
-                      data_source=data_source, tokenizer=directory, **options)
+                      data_source=data_source, tokenizer=tokenizer, base_model=base, **options)
         trainer.losses = list(meta["losses"])
         return trainer
 
 
+def _trainable(p: dict, params: dict[str, np.ndarray], cfg: TrainConfig) -> tuple[str, ...]:
+    """The names the optimizer updates: the adapters with LoRA, else every parameter, less
+    those ``cfg.freeze`` matches; ``params`` must be exactly the graph's parameters."""
+    missing, unexpected = sorted(set(p) - set(params)), sorted(set(params) - set(p))
+    if missing or unexpected:
+        what = "the model and its LoRA adapters" if cfg.lora else "the model"
+        raise EinsummableError(f"the parameters do not fit {what}: missing {missing[:3]}, "
+                               f"unexpected {unexpected[:3]}")
+    try:
+        frozen = optim.frozen(list(p), cfg.freeze)
+    except EinsummableError as err:
+        raise EinsummableError(f"training setting 'freeze': {err}") from None
+    trainable = tuple(n for n in p if (cfg.lora is None or ".lora_" in n) and n not in frozen)
+    if not trainable:
+        raise EinsummableError(f"the freeze patterns {list(cfg.freeze)} freeze every trainable parameter")
+    return trainable
+
+
+def _load_adapters(directory: Path, cfg: TrainConfig, dtype: str
+                   ) -> tuple[LlamaConfig, dict[str, np.ndarray], str]:
+    """A LoRA checkpoint's base weights (from the directory its adapter_config.json names) and adapters."""
+    adapter_cfg, base = adapters.read_config(directory)
+    if adapter_cfg != cfg.lora:
+        raise CheckpointError(f"{directory / adapters.CONFIG} says {adapter_cfg} but "
+                              f"{directory / checkpoint.META} says {cfg.lora}: they are from different runs")
+    if base is None or not Path(base).is_dir():
+        raise CheckpointError(f"{directory / adapters.CONFIG}: base_model_name_or_path {base!r} is not the "
+                              "directory of the base model the adapters were trained on")
+    model, params = weights.load(base, dtype)
+    return model, params | adapters.load(directory, model, adapter_cfg, dtype), base
+
+
+def _data_tokenizer(directory: Path) -> Tokenizer | None:
+    """What the run's data was tokenized with: the model's tokenizer, or None for bytes."""
+    has = any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model"))
+    return tokenizers.load(directory) if has else None
+
+
 def _resume_data(where: Path, recorded: dict, data: np.ndarray | None,
-                 source: str | None) -> tuple[np.ndarray, str | None]:
+                 source: str | None, tokenizer: Tokenizer | None = None) -> tuple[np.ndarray, str | None]:
     """The data to resume on: the given array (with a warning if it differs), or the recorded file."""
     if data is not None:
         if checkpoint.data_digest(data) == recorded["sha256"]:
@@ -284,7 +384,7 @@ def _resume_data(where: Path, recorded: dict, data: np.ndarray | None,
     if recorded["source"] is None:
         raise CheckpointError(f"{where}: the run trained on an array given in Python, not a file; "
                               "pass the data to resume on")
-    data = load_data(recorded["source"])
+    data = load_data(recorded["source"], tokenizer)
     if checkpoint.data_digest(data) != recorded["sha256"]:
         raise CheckpointError(
             f"the training data {recorded['source']} has changed since the checkpoint ({len(data)} tokens "

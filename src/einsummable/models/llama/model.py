@@ -21,6 +21,8 @@ import einsummable as es
 from einsummable import Graph, Tensor, einsum, nn
 from einsummable.frontend.class_ids import mark_class_ids
 from einsummable.models.llama.config import LlamaConfig
+from einsummable.models.llama.lora import LoraConfig
+from einsummable.models.llama.lora import shapes as adapter_shapes
 
 PRESETS = {
     "tiny": LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -35,8 +37,11 @@ PRESETS = {
 }
 
 
-def parameters(g: Graph, cfg: LlamaConfig, dtype: str = "f32") -> dict[str, Tensor]:
-    return {name: g.input(name, shape, dtype) for name, shape in cfg.parameter_shapes().items()}
+def parameters(g: Graph, cfg: LlamaConfig, dtype: str = "f32", lora: LoraConfig | None = None
+               ) -> dict[str, Tensor]:
+    """An input per parameter, named as Hugging Face names it; with ``lora``, per adapter too."""
+    shapes = cfg.parameter_shapes() | (adapter_shapes(cfg, lora) if lora is not None else {})
+    return {name: g.input(name, shape, dtype) for name, shape in shapes.items()}
 
 
 def embed(ids: Tensor, table: Tensor) -> Tensor:
@@ -122,34 +127,53 @@ def causal_attend(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
 
 
 def attention(x: Tensor, p: dict[str, Tensor], prefix: str, rot_q: Tensor, rot_k: Tensor,
-              mask: Tensor | None, cache: tuple[Tensor, Tensor] | None = None
+              mask: Tensor | None, cache: tuple[Tensor, Tensor] | None = None, lora_scale: float = 1.0
               ) -> tuple[Tensor, Tensor, Tensor]:
     """Grouped-query attention; returns the output and this call's new keys and values.
 
     ``mask`` None means causal, over these positions alone (no cache).
     """
-    q = add_bias(einsum("bsd,grcjd->bsgrcj", x, p[prefix + "q_proj.weight"]), p.get(prefix + "q_proj.bias"))
+    q = linear(x, p, prefix + "q_proj", "bsd,grcjd->bsgrcj", lora_scale)
     q = einsum("bsgrej,bsjce->bsgrcj", q, rot_q)                    # RoPE, scaled by 1/sqrt(k)
-    k_new = add_bias(einsum("bsd,gcjd->bsgcj", x, p[prefix + "k_proj.weight"]), p.get(prefix + "k_proj.bias"))
+    k_new = linear(x, p, prefix + "k_proj", "bsd,gcjd->bsgcj", lora_scale)
     k_new = einsum("bsgej,bsjce->bsgcj", k_new, rot_k)
-    v_new = add_bias(einsum("bsd,gkd->bsgk", x, p[prefix + "v_proj.weight"]), p.get(prefix + "v_proj.bias"))
+    v_new = linear(x, p, prefix + "v_proj", "bsd,gkd->bsgk", lora_scale)
     keys, values = k_new, v_new
     if cache is not None:
         keys = es.concat([cache[0], k_new], axis=1)                   # [b, t, g, c, j]
         values = es.concat([cache[1], v_new], axis=1)                 # [b, t, g, k]
     out = causal_attend(q, keys, values) if mask is None else attend(q, keys, values, mask)
-    out = einsum("bqgrk,dgrk->bqd", out, p[prefix + "o_proj.weight"])
-    return add_bias(out, p.get(prefix + "o_proj.bias")), k_new, v_new
+    return linear(out, p, prefix + "o_proj", "bqgrk,dgrk->bqd", lora_scale), k_new, v_new
 
 
-def mlp(x: Tensor, p: dict[str, Tensor], prefix: str) -> Tensor:
+def mlp(x: Tensor, p: dict[str, Tensor], prefix: str, lora_scale: float = 1.0) -> Tensor:
     """SwiGLU: down(silu(gate(x)) * up(x))."""
-    gate = einsum("bsd,fd->bsf", x, p[prefix + "gate_proj.weight"])
-    up = einsum("bsd,fd->bsf", x, p[prefix + "up_proj.weight"])
-    gate, up = add_bias(gate, p.get(prefix + "gate_proj.bias")), add_bias(up, p.get(prefix + "up_proj.bias"))
+    gate = linear(x, p, prefix + "gate_proj", "bsd,fd->bsf", lora_scale)
+    up = linear(x, p, prefix + "up_proj", "bsd,fd->bsf", lora_scale)
     act = einsum("bsf,bsf->bsf", gate, up, join="silu(x0) * x1")
-    down = einsum("bsf,df->bsd", act, p[prefix + "down_proj.weight"])
-    return add_bias(down, p.get(prefix + "down_proj.bias"))
+    return linear(act, p, prefix + "down_proj", "bsf,df->bsd", lora_scale)
+
+
+def linear(x: Tensor, p: dict[str, Tensor], name: str, spec: str, lora_scale: float = 1.0) -> Tensor:
+    """The projection ``name`` (its weight contracted with x as ``spec`` says), plus its bias
+    if the config has one, plus its LoRA term if ``p`` holds adapters for it (see ``lora``)."""
+    out = add_bias(einsum(spec, x, p[name + ".weight"]), p.get(name + ".bias"))
+    if name + ".lora_A.weight" not in p:
+        return out
+    return out + lora_term(x, p[name + ".lora_A.weight"], p[name + ".lora_B.weight"], spec, lora_scale)
+
+
+def lora_term(x: Tensor, a: Tensor, b: Tensor, spec: str, scale: float) -> Tensor:
+    """LoRA's low-rank update (alpha / r) B (A x), l the rank: A [l, in dims of W], B [out dims of W, l].
+
+    For q_proj (bsd,grcjd->bsgrcj) that is bsd,ld->bsl then bsl,grcjl->bsgrcj.
+    """
+    (xs, ws), out = spec.split("->")[0].split(","), spec.split("->")[1]
+    inner = "".join(c for c in ws if c not in out)                   # the letters W contracts
+    outer = "".join(c for c in ws if c in out)
+    batch = "".join(c for c in xs if c not in inner)
+    down = einsum(f"{xs},l{inner}->{batch}l", x, a)
+    return einsum(f"{batch}l,{outer}l->{out}", down, b, join=f"x0 * x1 * {scale!r}", agg="add")
 
 
 def add_bias(x: Tensor, bias: Tensor | None) -> Tensor:
@@ -161,14 +185,14 @@ def add_bias(x: Tensor, bias: Tensor | None) -> Tensor:
 
 
 def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor | None,
-            cache: list[tuple[Tensor, Tensor]] | None = None, residuals: list[Tensor] | None = None
-            ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+            cache: list[tuple[Tensor, Tensor]] | None = None, residuals: list[Tensor] | None = None,
+            lora_scale: float = 1.0) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
     """Final hidden states [b, s, d] and, per layer, the new (keys, values) for a KV cache.
 
     ``mask`` is [b, s, t] (or [s, t]) of 0 / -inf over the keys: the cache's, then these.
     None means causal (without a cache), and then masked blocks are skipped.
     ``residuals``, when given, collects the residual stream after each layer (the
-    natural activation checkpoints).
+    natural activation checkpoints). ``lora_scale`` is alpha / r of the adapters in ``p``.
     """
     dtype = p["model.embed_tokens.weight"].dtype                       # f32, or bf16 weights
     if mask is None and cache:
@@ -184,9 +208,10 @@ def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, ma
         prefix = f"model.layers.{i}."
         x = nn.rmsnorm(h, p[prefix + "input_layernorm.weight"], eps)
         a, k_new, v_new = attention(x, p, prefix + "self_attn.", rot_q, rot_k, mask,
-                                    cache[i] if cache else None)
+                                    cache[i] if cache else None, lora_scale)
         h = h + a
-        h = h + mlp(nn.rmsnorm(h, p[prefix + "post_attention_layernorm.weight"], eps), p, prefix + "mlp.")
+        x = nn.rmsnorm(h, p[prefix + "post_attention_layernorm.weight"], eps)
+        h = h + mlp(x, p, prefix + "mlp.", lora_scale)
         new_cache.append((k_new, v_new))
         if residuals is not None:
             residuals.append(h)
@@ -200,23 +225,25 @@ def lm_head(cfg: LlamaConfig, p: dict[str, Tensor], h: Tensor) -> Tensor:
 
 
 def forward(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor | None,
-            residuals: list[Tensor] | None = None) -> Tensor:
+            residuals: list[Tensor] | None = None, lora_scale: float = 1.0) -> Tensor:
     """Logits [b, s, vocab] for token ``ids`` [b, s] (i64) at positions ``pos`` [b, s] (f32);
     ``mask`` [s, s] or [b, s, s] of 0 / -inf is added to the scores (None: causal, masked blocks skipped).
     ``p`` comes from ``parameters(g, cfg)``; see ``loss_graph`` for a whole training graph."""
-    h, _ = decoder(cfg, p, ids, pos, mask, residuals=residuals)
+    h, _ = decoder(cfg, p, ids, pos, mask, residuals=residuals, lora_scale=lora_scale)
     return lm_head(cfg, p, h)
 
 
 def loss_graph(cfg: LlamaConfig, batch: int, seq: int, dtype: str = "f32",
-               residuals: list[Tensor] | None = None) -> tuple[Graph, dict[str, Tensor], Tensor]:
-    """Next-token cross-entropy over all positions: inputs ``tokens`` [b, s+1] (i64 ids)."""
+               residuals: list[Tensor] | None = None, lora: LoraConfig | None = None
+               ) -> tuple[Graph, dict[str, Tensor], Tensor]:
+    """Next-token cross-entropy over all positions: inputs ``tokens`` [b, s+1] (i64 ids).
+    With ``lora``, ``p`` holds the adapters too (inputs named as in ``lora.shapes``)."""
     g = Graph()
-    p = parameters(g, cfg, dtype)
+    p = parameters(g, cfg, dtype, lora)
     tokens = g.input("tokens", (batch, seq + 1), "i64")
     ids, targets = tokens[:, :seq], tokens[:, 1:]
     pos = g.ramp((batch, seq), steps=(0.0, 1.0))
-    logits = forward(cfg, p, ids, pos, None, residuals)
+    logits = forward(cfg, p, ids, pos, None, residuals, lora.scale if lora is not None else 1.0)
     loss = nn.cross_entropy(logits.astype("f32") if dtype != "f32" else logits, targets)
     return g, p, loss
 

@@ -64,6 +64,22 @@ def load(path: str | Path) -> dict[str, np.ndarray]:
     return {name: body[lo:hi].view(dtype).reshape(shape) for name, (dtype, shape, lo, hi) in entries.items()}
 
 
+def release(array: np.ndarray) -> None:
+    """Drop a tensor of ``load``'s from this process's resident memory once it has been
+    copied: its pages stay in the page cache and come back if read again. A loader that
+    copies tensor by tensor and releases each then peaks at its copies plus one tensor,
+    not plus the whole file. Arrays that are not views of a map are left alone."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    mapped = base.obj if isinstance(base, memoryview) else None
+    if not isinstance(mapped, mmap.mmap) or array.nbytes == 0 or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = array.ctypes.data - np.frombuffer(mapped, np.uint8).ctypes.data
+    first = start - start % mmap.PAGESIZE
+    mapped.madvise(mmap.MADV_DONTNEED, first, start + array.nbytes - first)
+
+
 def _header(path: Path, raw: bytes) -> dict:
     def unique(pairs: list[tuple[str, object]]) -> dict:
         keys = [k for k, _ in pairs]

@@ -44,6 +44,9 @@ def to_hf(cfg: LlamaConfig, name: str, w: np.ndarray) -> np.ndarray:
 def load_config(model_dir: str | Path) -> LlamaConfig:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
+        if (Path(model_dir) / "adapter_config.json").is_file():
+            raise CheckpointError(f"{model_dir} holds LoRA adapters, not a model: merge them into their base "
+                                  f"(einsummable train --resume {model_dir} --merge DIR)")
         raise CheckpointError(f"{model_dir}: no config.json")
     try:
         config = json.loads(path.read_text())
@@ -105,7 +108,8 @@ def load(model_dir: str | Path, dtype: str = "f32") -> tuple[LlamaConfig, dict[s
 
     Every tensor must have exactly the shape the config gives it in Hugging Face's
     layout (a transposed matrix is not a reshape of the right one), and every
-    tensor in the checkpoint must be one the config has.
+    tensor in the checkpoint must be one the config has. The file is mapped and each
+    tensor copied out, then released: a load peaks at the model's size plus one tensor.
     """
     model_dir = Path(model_dir)
     cfg = load_config(model_dir)
@@ -125,6 +129,7 @@ def load(model_dir: str | Path, dtype: str = "f32") -> tuple[LlamaConfig, dict[s
                 f"{model_dir}: tensor {name!r} has shape {w.shape}; the config says {want}"
             )
         params[name] = to_ours(cfg, name, w).astype(to_numpy(dtype))
+        safetensors_io.release(w)  # copied: the map's pages need not stay resident
     return cfg, params
 
 
