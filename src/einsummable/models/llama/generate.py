@@ -30,6 +30,7 @@ from einsummable.errors import EinsummableError
 from einsummable.frontend import builders
 from einsummable.frontend.tensor import Graph, Tensor
 from einsummable.frontend.tensor_extras import argmax
+from einsummable.hardware.cluster import Cluster
 from einsummable.models.llama import model as llama
 from einsummable.models.llama.model import LlamaConfig
 
@@ -40,12 +41,13 @@ class Generator:
     """Runs a Llama for generation: ``Generator(cfg, params).generate([[1, 2, 3]], 10)``.
 
     ``session``: generate from the weights another session keeps resident (a
-    ``Trainer``'s), bound by name, instead of from ``params``.
+    ``Trainer``'s), bound by name, instead of from ``params``. ``cluster``: plan for it
+    (as ``compile``), e.g. the nodes of a Ray cluster with ``engine="ray"``.
     """
 
     def __init__(self, cfg: LlamaConfig, params: dict[str, np.ndarray] | None = None, *,
-                 engine: str | None = None, workers: int | None = None, session: Session | None = None,
-                 resident: bool = True) -> None:
+                 engine: str | None = None, workers: int | None = None, cluster: Cluster | None = None,
+                 session: Session | None = None, resident: bool = True) -> None:
         if (params is None) == (session is None):
             raise EinsummableError("Generator takes the weights as params or as a session holding them, "
                                    "exactly one of the two")
@@ -57,7 +59,7 @@ class Generator:
             session.resident.tensors["model.embed_tokens.weight"]
         self.dtype = "bf16" if str(first.dtype) in ("bfloat16", "bf16") else "f32"
         self.resident = resident
-        self._options = {"engine": engine, "workers": workers}
+        self._options = {"engine": engine, "workers": workers, "cluster": cluster}
         self._programs: dict[tuple, Program] = {}
         self._root = session  # the shared resident state, once there is one
         self._sessions: dict[tuple, Session] = {}
@@ -71,7 +73,8 @@ class Generator:
             kind, *shape = key
             graph = {"prefill": self._prefill_graph, "decode": self._decode_graph,
                      "fed": self._fed_graph}[kind]
-            if kind == "fed" and key[3] and self._options["engine"] in (None, "local"):
+            if kind == "fed" and key[3] and self._options["engine"] in (None, "local") \
+                    and self._options["cluster"] is None:
                 self._programs[key] = compile(graph(*shape), **(self._options | {"workers": 1}))
             else:
                 self._programs[key] = self._compile(graph(*shape), decode=kind == "decode")
@@ -81,7 +84,8 @@ class Generator:
         """Decode: on all the workers, or on one if the simulation predicts that is faster (a
         token is a chain of matrix-vector products, with little worth splitting)."""
         prog = compile(graph, **self._options)
-        if not decode or self._options["engine"] not in (None, "local") or prog.taskgraph.workers == 1:
+        local = self._options["engine"] in (None, "local") and self._options["cluster"] is None
+        if not decode or not local or prog.taskgraph.workers == 1:
             return prog
         alone = compile(graph, **(self._options | {"workers": 1}))
         return alone if alone.simulate().makespan < prog.simulate().makespan else prog
@@ -193,6 +197,8 @@ class Generator:
             else:
                 step = self._fed_decode(nxt, pads, cache, filled, greedy)
             filled += 1
+        if self._root is not None:  # the cache is this call's alone: free it on the workers
+            self._root.drop([n for n in self._root.resident.tensors if n.startswith("cache_")])
         return out
 
     def _pad(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
