@@ -141,3 +141,41 @@ def test_generator_takes_params_or_a_session(tmp_path):
         Generator(cfg, params, session=first._root)
     with pytest.raises(es.EinsummableError, match="resident"):
         Generator(cfg, session=first._root, resident=False)
+
+
+@pytest.fixture(scope="module")
+def ray_nodes():
+    """Two raylets of 2 CPUs each, or the Ray the engine tests already started."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        yield
+        return
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    yield
+    ray.shutdown()
+    cluster.shutdown()
+
+
+@pytest.mark.ray
+def test_resident_generation_on_ray_feeds_only_ids_and_positions(tmp_path, monkeypatch, ray_nodes):
+    ray_engine = pytest.importorskip("einsummable.engines.ray")
+    model, cfg, params = hf_llama(tmp_path)
+    spy = FeedSpy(monkeypatch)
+    gathered = []
+    get = ray_engine.RayBlocks.get
+    monkeypatch.setattr(ray_engine.RayBlocks, "get",
+                        lambda self, box: gathered.append(self.name) or get(self, box))
+    gen = Generator(cfg, params, engine="ray", cluster=es.Cluster(machines=2, cores=2))
+    assert gen.generate(PROMPTS, 5) == transformers_greedy(model, PROMPTS, 5)
+    steps = spy.decode_steps()
+    assert len(steps) == 4
+    for fed, back in steps:
+        assert fed == {"ids": 4 * len(PROMPTS), "pos": 4 * len(PROMPTS)}
+        assert back == {"next": 4 * len(PROMPTS)}
+    assert gathered == []  # the decode read the prefill's weights and cache on the actors, not via the driver
+    assert all(isinstance(w, ray_engine.RayBlocks) for w in gen._root.resident.tensors.values())
