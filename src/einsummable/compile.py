@@ -161,6 +161,7 @@ class Session:
 
     @property
     def resident(self) -> Resident:
+        """The resident state this session shares with the sessions bound to it."""
         return self._resident
 
     @property
