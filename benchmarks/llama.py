@@ -90,8 +90,11 @@ def generation(model, cfg, params, args, engine: str, batch: int) -> None:
         print(f"  bytes per decode step, {name:<20} fed {sent:>12,.0f}   fetched {got:>10,.0f}")
     decode = next(p for key, p in resident._programs.items() if key[0] == "decode")
     print(f"  resident decode on {decode.taskgraph.workers} worker(s) (the planner's simulation chose)")
-    times = compare({"einsummable": lambda: resident.generate(prompts.tolist(), args.new_tokens),
-                     "einsummable driver-fed": lambda: fed.generate(prompts.tolist(), args.new_tokens),
+    alone = Generator(cfg, params, workers=1)  # resident on one worker: residency apart from the workers
+    ids = prompts.tolist()
+    times = compare({"einsummable": lambda: resident.generate(ids, args.new_tokens),
+                     "einsummable driver-fed": lambda: fed.generate(ids, args.new_tokens),
+                     "einsummable resident, 1 worker": lambda: alone.generate(ids, args.new_tokens),
                      "torch eager generate": torch_generate}, args.repeats)
     title = (f"generation, batch {batch}, prompt {args.prompt}, {args.new_tokens} new tokens "
              f"(engine {engine}, workers {args.workers}; einsummable = resident)")
