@@ -36,7 +36,7 @@ def test_three_micro_batches_equal_one_big_batch_and_no_gradient_reaches_the_dri
         result = execute(prog, arrays, variables, carry)
         if prog not in (accum.micro, accum.program):
             return result
-        held = accum.session.resident.tensors  # what the session holds is not fed (reference: arrays)
+        held = accum.session._state  # what the session holds is not fed (reference: arrays)
         seen.append(({n for n, a in arrays.items() if not isinstance(a, Blocks) and held.get(n) is not a},
                      {n for n, a in result.items() if not isinstance(a, Blocks) and n not in carry}))
         return result
