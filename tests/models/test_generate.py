@@ -141,6 +141,16 @@ def test_generator_takes_params_or_a_session(tmp_path):
         Generator(cfg, params, session=first._root)
     with pytest.raises(es.EinsummableError, match="resident"):
         Generator(cfg, session=first._root, resident=False)
+    sess = es.compile(_square(), workers=1).session({"x": np.ones(3, np.float32)})
+    with pytest.raises(es.EinsummableError, match=r"the session's resident state lack\(s\) the weights"):
+        Generator(cfg, session=sess)
+
+
+def _square():
+    g = es.Graph()
+    x = g.input("x", (3,))
+    g.output("x", x * x)
+    return g
 
 
 @pytest.fixture(scope="module")

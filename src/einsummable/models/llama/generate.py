@@ -55,8 +55,13 @@ class Generator:
             raise EinsummableError("a Generator bound to a session generates resident (resident=True)")
         self.cfg = cfg
         self.params = params
-        first = params["model.embed_tokens.weight"] if params is not None else \
-            session.resident.tensors["model.embed_tokens.weight"]
+        held = params if params is not None else session.resident.tensors
+        missing = sorted(set(cfg.parameter_shapes()) - set(held))
+        if missing:
+            where = "params" if params is not None else "the session's resident state"
+            raise EinsummableError(f"{where} lack(s) the weights {missing[:3]}"
+                                   f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}")
+        first = held["model.embed_tokens.weight"]
         self.dtype = "bf16" if str(first.dtype) in ("bfloat16", "bf16") else "f32"
         self.resident = resident
         self._options = {"engine": engine, "workers": workers, "cluster": cluster}
