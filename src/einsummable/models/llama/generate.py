@@ -22,6 +22,7 @@ the cache from numpy arrays (the baseline the benchmark compares against).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -89,10 +90,11 @@ class Generator:
         """Decode: on all the workers, or on one if the simulation predicts that is faster (a
         token is a chain of matrix-vector products, with little worth splitting)."""
         prog = compile(graph, **self._options)
-        local = self._options["engine"] in (None, "local") and self._options["cluster"] is None
-        if not decode or not local or prog.taskgraph.workers == 1:
+        if not decode or prog.taskgraph is None or prog.taskgraph.workers == 1:
             return prog
-        alone = compile(graph, **(self._options | {"workers": 1}))
+        cluster = self._options["cluster"]
+        one = {"cluster": replace(cluster, machines=1, cores=1)} if cluster is not None else {"workers": 1}
+        alone = compile(graph, **(self._options | one))
         return alone if alone.simulate().makespan < prog.simulate().makespan else prog
 
     def _session(self, key: tuple) -> Session:
