@@ -82,9 +82,11 @@ def generation(model, cfg, params, args, engine: str, batch: int) -> None:
                                   min_new_tokens=args.new_tokens, pad_token_id=0)
 
     theirs = np.array(torch_generate()[:, args.prompt :].tolist())
-    for name, gen in (("resident", resident), ("driver-fed", fed)):
-        agree = int((np.array(gen.generate(prompts.tolist(), args.new_tokens)) == theirs).sum())
-        print(f"\nbatch {batch}: {name} greedy tokens equal to torch's: {agree} of {batch * args.new_tokens}")
+    ours = {name: np.array(gen.generate(prompts.tolist(), args.new_tokens))
+            for name, gen in (("resident", resident), ("driver-fed", fed))}
+    print(f"\nbatch {batch}: greedy tokens equal to torch's, of {batch * args.new_tokens}: "
+          + ", ".join(f"{name} {int((ids == theirs).sum())}" for name, ids in ours.items())
+          + f"; resident equal to driver-fed: {int((ours['resident'] == ours['driver-fed']).sum())}")
     for name, gen in (("before (driver-fed)", fed), ("after (resident)", resident)):
         sent, got = decode_traffic(gen, prompts.tolist(), args.new_tokens)
         print(f"  bytes per decode step, {name:<20} fed {sent:>12,.0f}   fetched {got:>10,.0f}")

@@ -29,7 +29,7 @@ import numpy as np
 from einsummable.compile import Program, Session, compile
 from einsummable.errors import EinsummableError
 from einsummable.frontend import builders
-from einsummable.frontend.tensor import Graph, Tensor
+from einsummable.frontend.tensor import Graph, Tensor, elementwise
 from einsummable.frontend.tensor_extras import argmax
 from einsummable.hardware.cluster import Cluster
 from einsummable.models.llama import model as llama
@@ -142,17 +142,16 @@ class Generator:
         g, p, ids, pos = self._start(batch, 1)
         cache = self._cache_inputs(g, batch, length)
         # keys: the cache's slots [0, length), then this step's; a row sees its written slots
-        # [t - pos, t) (after its left pads) and this step
+        # [t - pos, t) (after its left pads) and this step. One join each, not a task per operator.
         slots = g.ramp((1, 1, length + 1), (0.0, 0.0, 1.0))
-        first = "t" - pos[:, :, None]                                       # [b, 1, 1]
-        seen = builders.where(slots < "t", builders.where(slots >= first, 0.0, NEG_INF), NEG_INF)
-        mask = builders.where(slots == float(length), 0.0, seen)
+        seen = f"where(x0 == {length}.0, 0.0, where(x0 < t, where(x0 >= t - x1, 0.0, -inf), -inf))"
+        mask = elementwise(seen, slots, pos[:, :, None])
         h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache)
         self._outputs(g, p, h, greedy)
-        column = g.ramp((1, length, 1, 1), (0.0, 1.0, 0.0, 0.0)) == "t"
+        column = g.ramp((1, length, 1, 1), (0.0, 1.0, 0.0, 0.0))
         for i, ((k, v), (k_new, v_new)) in enumerate(zip(cache, new_cache, strict=True)):
-            g.output(f"cache_k{i}", builders.where(column[..., None], k_new, k))
-            g.output(f"cache_v{i}", builders.where(column, v_new, v))
+            g.output(f"cache_k{i}", elementwise("where(x0 == t, x1, x2)", column[..., None], k_new, k))
+            g.output(f"cache_v{i}", elementwise("where(x0 == t, x1, x2)", column, v_new, v))
         return g
 
     def _fed_graph(self, batch: int, new: int, length: int) -> Graph:
