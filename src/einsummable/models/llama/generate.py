@@ -148,10 +148,12 @@ class Generator:
         mask = elementwise(seen, slots, pos[:, :, None])
         h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache)
         self._outputs(g, p, h, greedy)
-        column = g.ramp((1, length, 1, 1), (0.0, 1.0, 0.0, 0.0))
+        column = g.ramp((1, length, 1, 1), (0.0, 1.0, 0.0, 0.0))  # f32: bf16 counts exactly to 256 only
         for i, ((k, v), (k_new, v_new)) in enumerate(zip(cache, new_cache, strict=True)):
-            g.output(f"cache_k{i}", elementwise("where(x0 == t, x1, x2)", column[..., None], k_new, k))
-            g.output(f"cache_v{i}", elementwise("where(x0 == t, x1, x2)", column, v_new, v))
+            k_out = elementwise("where(x0 == t, x1, x2)", column[..., None], k_new, k)
+            v_out = elementwise("where(x0 == t, x1, x2)", column, v_new, v)
+            g.output(f"cache_k{i}", k_out.astype(self.dtype))  # the join's result is f32
+            g.output(f"cache_v{i}", v_out.astype(self.dtype))
         return g
 
     def _fed_graph(self, batch: int, new: int, length: int) -> Graph:
