@@ -7,8 +7,12 @@ decay on tensors with 2 or more dimensions only, so two torch parameter groups) 
 both sides: einsummable's ``Trainer`` and ``Generator`` with the default engine,
 transformers' LlamaForCausalLM with torch.optim.AdamW and ``generate(use_cache=True)``.
 Training losses are checked against torch's step by step. Generation is greedy
-and includes the prefill.
-Run: python benchmarks/llama.py [--quick] [--workers 2] [--steps 3] [--new-tokens 32]
+and includes the prefill; it runs resident (the weights and the KV cache stay on
+the workers; the timed "einsummable") and driver-fed (every decode step feeds all
+the weights and the cache: the path before issue 19), with the bytes the driver
+feeds and fetches per decode step for each.
+Run: python benchmarks/llama.py [--quick] [--workers 2] [--steps 3] [--new-tokens 32] [--gen-batch 1 8]
+     [--generation-only]
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ import time
 
 import numpy as np
 
-from common import add_llama_arguments, median_time, report
+from common import add_llama_arguments, compare, median_time, report
+from einsummable.compile import Program
+from einsummable.engines.blocks import Blocks
 from einsummable.models.llama.generate import Generator
 from einsummable.train.optim import decays
 from einsummable.train.trainer import TrainConfig, Trainer, batch_at, lr_at
@@ -39,12 +45,34 @@ def report_rate(title: str, times: dict[str, float], tokens: int) -> None:
         print(f"  {name:<28} {tokens / t:9.1f} tokens/s{ratio}")
 
 
-def generation(model, cfg, params, args, engine: str) -> None:
+def decode_traffic(gen: Generator, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
+    """Median bytes the driver feeds and fetches per decode step: the arrays handed to the
+    engine and back (resident blocks that stay on the workers are not counted)."""
+    fed, fetched = [], []
+    execute = Program.execute
+
+    def spy(prog, arrays, variables, carry=frozenset()):
+        result = execute(prog, arrays, variables, carry)
+        if "t" in variables or "cache_k0" in arrays:  # a decode step (resident, or driver-fed)
+            fed.append(sum(a.nbytes for a in arrays.values() if not isinstance(a, Blocks)))
+            fetched.append(sum(a.nbytes for a in result.values() if not isinstance(a, Blocks)))
+        return result
+
+    Program.execute = spy
+    try:
+        gen.generate(prompts, new_tokens)
+    finally:
+        Program.execute = execute
+    return float(np.median(fed)), float(np.median(fetched))
+
+
+def generation(model, cfg, params, args, engine: str, batch: int) -> None:
+    """Resident generation (after) and the driver-fed path (before) against torch, in one run."""
     import torch
 
-    prompts = np.random.default_rng(1).integers(0, cfg.vocab_size, (args.gen_batch, args.prompt))
-    gen = Generator(cfg, params, workers=args.workers)
-    ours = gen.generate(prompts.tolist(), args.new_tokens)
+    prompts = np.random.default_rng(1).integers(0, cfg.vocab_size, (batch, args.prompt))
+    resident = Generator(cfg, params, workers=args.workers)
+    fed = Generator(cfg, params, workers=args.workers, resident=False)
     t_prompts = torch.from_numpy(prompts)
 
     def torch_generate():
@@ -53,18 +81,26 @@ def generation(model, cfg, params, args, engine: str) -> None:
                                   use_cache=True, max_new_tokens=args.new_tokens,
                                   min_new_tokens=args.new_tokens, pad_token_id=0)
 
-    theirs = torch_generate()[:, args.prompt :].tolist()
-    agree = int((np.array(ours) == np.array(theirs)).sum())
-    print(f"\ngreedy tokens equal to torch's: {agree} of {args.gen_batch * args.new_tokens}")
-
-    def ours_generate():
-        return gen.generate(prompts.tolist(), args.new_tokens)
-
-    times = {"einsummable": median_time(ours_generate, args.repeats),
-             "torch eager generate": median_time(torch_generate, args.repeats)}
-    title = (f"generation, batch {args.gen_batch}, prompt {args.prompt}, {args.new_tokens} new tokens "
-             f"(engine {engine}, workers {args.workers})")
-    report_rate(title, times, args.gen_batch * args.new_tokens)
+    theirs = np.array(torch_generate()[:, args.prompt :].tolist())
+    ours = {name: np.array(gen.generate(prompts.tolist(), args.new_tokens))
+            for name, gen in (("resident", resident), ("driver-fed", fed))}
+    print(f"\nbatch {batch}: greedy tokens equal to torch's, of {batch * args.new_tokens}: "
+          + ", ".join(f"{name} {int((ids == theirs).sum())}" for name, ids in ours.items())
+          + f"; resident equal to driver-fed: {int((ours['resident'] == ours['driver-fed']).sum())}")
+    for name, gen in (("before (driver-fed)", fed), ("after (resident)", resident)):
+        sent, got = decode_traffic(gen, prompts.tolist(), args.new_tokens)
+        print(f"  bytes per decode step, {name:<20} fed {sent:>12,.0f}   fetched {got:>10,.0f}")
+    decode = next(p for key, p in resident._programs.items() if key[0] == "decode")
+    print(f"  resident decode on {decode.taskgraph.workers} worker(s) (the planner's simulation chose)")
+    alone = Generator(cfg, params, workers=1)  # resident on one worker: residency apart from the workers
+    ids = prompts.tolist()
+    times = compare({"einsummable": lambda: resident.generate(ids, args.new_tokens),
+                     "einsummable driver-fed": lambda: fed.generate(ids, args.new_tokens),
+                     "einsummable resident, 1 worker": lambda: alone.generate(ids, args.new_tokens),
+                     "torch eager generate": torch_generate}, args.repeats)
+    title = (f"generation, batch {batch}, prompt {args.prompt}, {args.new_tokens} new tokens "
+             f"(engine {engine}, workers {args.workers}; einsummable = resident)")
+    report_rate(title, times, batch * args.new_tokens)
 
 
 def training(model, cfg, params, args) -> str:
@@ -113,7 +149,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a 2-layer hidden-256 model and short runs")
     add_llama_arguments(parser, layers=8)
     parser.add_argument("--steps", type=int, default=3, help="timed training steps, after one warm-up")
-    parser.add_argument("--gen-batch", type=int, default=1)
+    parser.add_argument("--gen-batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--generation-only", action="store_true", help="skip the training benchmark")
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="timed generate calls")
@@ -130,8 +167,11 @@ def main() -> None:
     n_params = sum(int(np.prod(s)) for s in cfg.parameter_shapes().values())
     print(f"model: hidden {args.hidden}, {args.layers} layers, heads {args.heads}/{args.kv_heads}, "
           f"mlp {args.intermediate}, vocab {args.vocab}, {n_params / 1e6:.1f}M parameters")
-    engine = training(copy.deepcopy(model), cfg, params, args)  # generation keeps the initial weights
-    generation(model, cfg, params, args, engine)
+    engine = "local"
+    if not args.generation_only:
+        engine = training(copy.deepcopy(model), cfg, params, args)  # generation keeps the initial weights
+    for batch in args.gen_batch:
+        generation(model, cfg, params, args, engine, batch)
 
 
 if __name__ == "__main__":

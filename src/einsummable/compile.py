@@ -19,7 +19,8 @@ from einsummable.engines.interop import convert
 from einsummable.errors import EinsummableError, FeedError, PlanError
 from einsummable.frontend.tensor import Graph
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.graph import EinGraph
+from einsummable.ir.dtypes import canonical
+from einsummable.ir.graph import EinGraph, InputNode
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import TaskGraph
 from einsummable.plan.plan import Plan
@@ -96,66 +97,129 @@ class Program:
             timeline.write(events, trace, lanes, f"predicted: {sim.tasks:,} tasks on {sim.cluster}")
         return sim
 
-    def session(self, state: Mapping[str, np.ndarray]) -> Session:
-        """Keep ``state`` (parameters, optimizer moments) resident between runs."""
+    def session(self, state: Mapping[str, np.ndarray] | Session, keep: Sequence[str] = ()) -> Session:
+        """Keep ``state`` (parameters, optimizer moments) resident between runs.
+
+        ``state`` may be another session: the two then share one resident state, bound by
+        tensor name, and nothing goes through the driver (a generation program reading a
+        training session's weights). ``keep`` names outputs to keep resident although no
+        input reads them yet (a prefill's KV cache, read by the decode program's session).
+        """
         if self.executor is None:
             raise EinsummableError(f"the {self.engine} engine computes nothing, so it keeps no state; "
                                    "prog.simulate() predicts the run")
-        return Session(self, state)
+        return Session(self, state, keep)
 
     def __repr__(self) -> str:
         return f"Program(engine={self.engine!r}, nodes={len(self.graph)}, outputs={list(self.graph.outputs)})"
 
 
+class Resident:
+    """Tensors kept on the workers by name, shared by every session bound to them.
+
+    A value is an array or the blocks a run left on the workers (``Blocks``; on Ray,
+    ``RayBlocks``). The lock serialises the runs of all the sessions that share it.
+    """
+
+    def __init__(self, tensors: dict[str, object]) -> None:
+        self.tensors = tensors
+        self.lock = threading.Lock()
+
+
 class Session:
     """Runs a program repeatedly with some inputs kept on the workers.
 
-    Every output named like a resident input replaces it after each run (the
-    optimizers name updated parameters that way), so a training loop feeds only
-    the batch and fetches only the loss:
+    Every output named like a resident tensor (or named in ``keep``) replaces it
+    after each run (the optimizers name updated parameters that way), so a training
+    loop feeds only the batch and fetches only the loss:
 
         sess = prog.session({"w": W, **step.init_state()})
         for t in range(steps):
             loss = sess.run({"x": X, "lr": 1e-3}, fetch=["loss"])["loss"]
         W = sess.state()["w"]
 
-    Runs are serialised: a run reads the resident state and replaces it, so two
-    threads sharing a session each see the other's updates (none is lost).
+    ``prog2.session(sess)`` binds a second program to the same resident state: its
+    inputs named like resident tensors read them where they lie. Runs are serialised
+    across all the sessions of one state: a run reads the resident state and replaces
+    it, so two threads sharing it each see the other's updates (none is lost).
     """
 
-    def __init__(self, program: Program, state: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, program: Program, state: Mapping[str, np.ndarray] | Session,
+                 keep: Sequence[str] = ()) -> None:
         self.program = program
-        arrays = check_inputs(program.graph, state)
-        self._state: dict[str, object] = {k: np.array(v, copy=True) for k, v in arrays.items()}
-        self._carry = frozenset(self._state) & set(program.graph.outputs)
-        self._lock = threading.Lock()
+        graph = program.graph
+        self._inputs = {n.name: n for n in graph.nodes if isinstance(n, InputNode)}
+        unknown = sorted(set(keep) - set(graph.outputs))
+        if unknown:
+            raise FeedError(f"cannot keep {unknown}: not outputs; the outputs are {sorted(graph.outputs)}")
+        self._keep = frozenset(keep)
+        if isinstance(state, Session):
+            self._resident = state._resident
+        else:
+            arrays = check_inputs(graph, state)
+            self._resident = Resident({k: np.array(v, copy=True) for k, v in arrays.items()})
+
+    @property
+    def resident(self) -> Resident:
+        """The resident state this session shares with the sessions bound to it."""
+        return self._resident
+
+    @property
+    def _state(self) -> dict[str, object]:
+        """The resident tensors by name, as they lie (blocks on the workers)."""
+        return self._resident.tensors
 
     def run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None = None,
             like: str | None = None) -> dict[str, object]:
         """As ``Program.run``, with the resident inputs left out; ``fetch`` names the outputs wanted."""
-        with self._lock:
+        with self._resident.lock:
             return convert(self._run(feeds, fetch), like)
 
     def _run(self, feeds: Mapping[str, object], fetch: Sequence[str] | None) -> dict[str, np.ndarray]:
-        clash = sorted(set(feeds) & set(self._state))
+        state = self._resident.tensors
+        resident = {name: state[name] for name in self._inputs if name in state}
+        clash = sorted(set(feeds) & set(resident))
         if clash:
             raise FeedError(f"{clash} are resident in this session; feed only the other inputs")
+        for name, value in resident.items():
+            _check_resident(name, value, self._inputs[name])
         outputs = self.program.graph.outputs
-        wanted = list(fetch) if fetch is not None else [n for n in outputs if n not in self._carry]
+        carry = (frozenset(state) | self._keep) & set(outputs)
+        wanted = list(fetch) if fetch is not None else [n for n in outputs if n not in carry]
         unknown = sorted(set(wanted) - set(outputs))
         if unknown:
             raise FeedError(f"cannot fetch {unknown}; the outputs are {sorted(outputs)}")
-        arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(self._state),
+        arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(resident),
                                         variables=self.program.variables)
-        result = self.program.execute(arrays | self._state, variables, self._carry)
-        for name in self._carry:
-            self._state[name] = result[name]
+        result = self.program.execute(arrays | resident, variables, carry)
+        for name in carry:
+            state[name] = result[name]
         return {n: _as_array(result[n]) for n in wanted}
 
     def state(self) -> dict[str, np.ndarray]:
         """The resident tensors, gathered into arrays (for a checkpoint)."""
-        with self._lock:  # between runs, never half-way through one
-            return {name: _as_array(v) for name, v in self._state.items()}
+        with self._resident.lock:  # between runs, never half-way through one
+            return {name: _as_array(v) for name, v in self._resident.tensors.items()}
+
+    def put(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Make more of this program's inputs resident (frozen weights that only it reads)."""
+        checked = check_inputs(self.program.graph, arrays)
+        with self._resident.lock:
+            self._resident.tensors.update({k: np.array(v, copy=True) for k, v in checked.items()})
+
+    def drop(self, names: Sequence[str]) -> None:
+        """Forget resident tensors (a finished generation's KV cache), freeing them on the workers."""
+        with self._resident.lock:
+            for name in names:
+                self._resident.tensors.pop(name, None)
+
+
+def _check_resident(name: str, value: object, node: InputNode) -> None:
+    """A resident tensor another program left must still fit this program's input."""
+    dtype = value.dtype if isinstance(value, Blocks) else canonical(np.asarray(value).dtype)
+    if tuple(value.shape) != tuple(node.shape) or dtype != node.dtype:
+        raise FeedError(f"resident tensor {name!r} is {dtype}{list(value.shape)}, but this program's "
+                        f"input {name!r} is {node.dtype}{list(node.shape)}")
 
 
 def _as_array(value: object) -> np.ndarray:

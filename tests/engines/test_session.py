@@ -96,3 +96,64 @@ def test_threads_sharing_a_session_lose_no_update(engine, workers):
     for t in pool:
         t.join()
     np.testing.assert_array_equal(sess.state()["c"], np.full(64, per_thread * threads, np.float32))
+
+
+def mlp_forward():
+    h = es.Graph()
+    x, w1, w2 = h.input("x", (32, 12)), h.input("w1", (12, 24)), h.input("w2", (24, 5))
+    h.output("logits", es.nn.relu(x @ w1) @ w2)
+    return h
+
+
+@pytest.mark.parametrize("engine,workers", [("local", 3), ("local", 1), ("reference", 1)])
+def test_a_second_program_reads_the_first_sessions_state_by_name(engine, workers):
+    g, step, params, batch = mlp_step()
+    train = es.compile(g, workers=workers, engine=engine).session(params | step.init_state())
+    infer = es.compile(mlp_forward(), workers=2, engine=engine).session(train)  # another partition
+    twin = es.compile(g, workers=workers, engine=engine).session(params | step.init_state())
+    for t in range(3):
+        train.run(batch | {"lr": 0.01 * (t + 1)}, fetch=["loss"])
+        state = train.state()
+        got = infer.run({"x": batch["x"]})["logits"]  # the weights are not fed: they are resident
+        want = np.maximum(batch["x"] @ state["w1"], 0) @ state["w2"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        twin.run(batch | {"lr": 0.01 * (t + 1)}, fetch=["loss"])
+    for name, w in twin.state().items():  # reading the weights changed nothing for training
+        np.testing.assert_array_equal(train.state()[name], w, err_msg=name)
+    with pytest.raises(es.FeedError, match="resident"):
+        infer.run({"x": batch["x"], "w1": params["w1"]})
+
+
+def test_kept_outputs_become_state_that_another_program_reads_and_updates():
+    g = es.Graph()
+    x = g.input("x", (6, 4))
+    g.output("total", x * 2.0)
+    h = es.Graph()
+    total, y = h.input("total", (6, 4)), h.input("y", (6, 4))
+    h.output("total", total + y)
+    h.output("sum", total.sum())
+    first = es.compile(g, workers=2).session({}, keep=["total"])
+    second = es.compile(h, workers=3).session(first)
+    x_, y_ = np.arange(24.0, dtype=np.float32).reshape(6, 4), np.ones((6, 4), np.float32)
+    assert first.run({"x": x_}) == {}
+    assert isinstance(first.resident.tensors["total"], Blocks)
+    second.run({"y": y_})
+    out = second.run({"y": y_})
+    np.testing.assert_allclose(out["sum"], (2 * x_ + y_).sum())
+    np.testing.assert_array_equal(first.state()["total"], 2 * x_ + 2 * y_)
+    first.drop(["total"])
+    with pytest.raises(es.FeedError, match="missing"):
+        second.run({"y": y_})
+    with pytest.raises(es.FeedError, match="keep"):
+        es.compile(g, workers=1).session({}, keep=["nope"])
+
+
+def test_a_resident_tensor_of_the_wrong_shape_is_named():
+    g, step, params, _ = mlp_step()
+    h = es.Graph()
+    x, w1 = h.input("x", (32, 24)), h.input("w1", (24, 12))
+    h.output("y", x @ w1)
+    train = es.compile(g, workers=2).session(params | step.init_state())
+    other = es.compile(h, workers=2).session(train)
+    with pytest.raises(es.FeedError, match=r"resident tensor 'w1' is f32\[12, 24\].*f32\[24, 12\]"):
+        other.run({"x": np.zeros((32, 24), np.float32)})

@@ -118,16 +118,6 @@ def test_generation_with_cache_equals_without_and_matches_transformers(tmp_path)
         assert ours == ref[0, len(prompt) :].tolist()
 
 
-def test_local_generation_decodes_on_one_worker_and_agrees_with_the_reference(tmp_path):
-    _, path = hf_model(tmp_path, "gqa-untied")
-    cfg, params = weights.load(path)
-    gen = Generator(cfg, params, workers=2)
-    prompts = [[5, 6, 7, 8], [9, 10]]
-    assert gen.generate(prompts, 5) == Generator(cfg, params, engine="reference").generate(prompts, 5)
-    workers = {key[2] > 0: p.taskgraph.workers for key, p in gen._programs.items()}
-    assert workers == {False: 2, True: 1}  # the prefill on both workers, the decode on one
-
-
 def test_sampling_and_stop_tokens(tmp_path):
     _, path = hf_model(tmp_path, "mha-tied")
     cfg, params = weights.load(path)

@@ -1,9 +1,11 @@
 """Training a Llama: the data stream, the learning-rate schedule, steps and checkpoints.
 
 A step is one compiled program (forward, backward, AdamW). With gradient
-accumulation, a micro-step program returns gradients that the host sums, and an
+accumulation, a micro-step program adds its gradients into resident sums on the
+workers (``grad:<name>``, in the session the update program shares), and an
 update program applies them: its objective is <g, w>, whose gradient is exactly
-the accumulated g, so clipping and AdamW are the optimizer's own. Batches are a
+the accumulated g, so clipping and AdamW are the optimizer's own. No gradient
+goes through the driver. Batches are a
 pure function of (seed, step), so a resumed run sees the same data it would have.
 
 With ``lora_rank``, the base weights are frozen inputs and only LoRA adapters train
@@ -43,7 +45,8 @@ from einsummable.models.llama.model import LlamaConfig
 from einsummable.models.llama.tokenizer import Tokenizer, TokenizerFiles
 from einsummable.progress import Progress
 from einsummable.train import checkpoint, optim
-from einsummable.train.grads import grad_name, output_gradients
+from einsummable.train.grads import ACCUMULATE, accumulate_gradients, grad_name
+from einsummable.train.grads import PREFIX as GRAD_PREFIX
 from einsummable.train.optim import STEP, TrainStep, adamw
 
 
@@ -162,15 +165,14 @@ class Trainer:
         g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, dtype, residuals=residuals, lora=cfg.lora)
         self.trainable = _trainable(p, params, cfg)
         train = {name: p[name] for name in self.trainable}
-        self._fixed: dict[str, np.ndarray] = {}  # frozen parameters the driver feeds (accumulation only)
         if cfg.accum == 1:
             self.update = self._optimizer(train, loss)
             graph = self._remat(g, loss, residuals)
         else:
-            output_gradients(g, loss, train)
+            accumulate_gradients(g, loss, train, cfg.accum)
             g.output("loss", loss)
             self.micro = compile(self._remat(g, loss, residuals), **options)
-            self._fixed = {name: params[name] for name in p if name not in train}
+            fixed = {name: params[name] for name in p if name not in train}
             params = {name: params[name] for name in train}
             u = Graph()
             up = {name: u.input(name, w.shape, w.dtype) for name, w in train.items()}
@@ -185,7 +187,12 @@ class Trainer:
         if opt_state is not None:
             self._check_optimizer_state(opt_state)
         state = dict(params) | (opt_state if opt_state is not None else self.update.init_state(params))
+        if cfg.accum > 1:  # the gradients' running sums, on the workers beside the weights
+            state |= {grad_name(n): np.zeros(w.shape, w.dtype) for n, w in params.items()}
         self.session = self.program.session(state)  # weights and moments stay on the workers
+        if cfg.accum > 1:
+            self.micro_session = self.micro.session(self.session)  # reads and updates that same state
+            self.micro_session.put(fixed)  # frozen weights: resident too, read by the micro-steps only
         self.names = tuple(p)  # every parameter, frozen or not, in the model's order
         self.losses: list[float] = []
 
@@ -211,13 +218,13 @@ class Trainer:
     @property
     def state(self) -> dict[str, np.ndarray]:
         """Parameters and optimizer state, gathered from the workers."""
-        return self.session.state()
+        return {n: w for n, w in self.session.state().items() if not n.startswith(GRAD_PREFIX)}
 
     @property
     def params(self) -> dict[str, np.ndarray]:
         """Every parameter (frozen ones and adapters included), gathered from the workers."""
         state = self.state
-        return {name: state[name] if name in state else self._fixed[name] for name in self.names}
+        return {name: state[name] for name in self.names}
 
     def train_step(self) -> float:
         """One optimizer step; returns the mean loss over its micro-batches."""
@@ -226,17 +233,12 @@ class Trainer:
             tokens = batch_at(self.data, self.cfg, self.step)
             loss = float(self.session.run({"tokens": tokens, "lr": lr}, fetch=["loss"])["loss"])
         else:
-            params = self.params
-            grads: dict[str, np.ndarray] = {}
             total = 0.0
             for m in range(self.cfg.accum):
                 tokens = batch_at(self.data, self.cfg, self.step, m)
-                out = self.micro.run(params | {"tokens": tokens})
-                total += float(out["loss"])
-                for name in self.update.params:
-                    d = out[grad_name(name)] / self.cfg.accum
-                    grads[name] = grads[name] + d if name in grads else d
-            self.session.run({grad_name(n): d for n, d in grads.items()} | {"lr": lr}, fetch=[])
+                feeds = {"tokens": tokens, ACCUMULATE: float(m > 0)}
+                total += float(self.micro_session.run(feeds, fetch=["loss"])["loss"])
+            self.session.run({"lr": lr}, fetch=[])
             loss = total / self.cfg.accum
         self.step += 1
         self.losses.append(loss)
@@ -272,7 +274,7 @@ class Trainer:
         the base model's directory, which a resume reads again.
         """
         everything = self.state
-        params = {name: everything[name] if name in everything else self._fixed[name] for name in self.names}
+        params = {name: everything[name] for name in self.names}
         with atomic.replacing(directory) as fresh:
             if self.cfg.lora is None:
                 weights.write(fresh, self.model, params, tokenizer=self.tokenizer)

@@ -161,9 +161,8 @@ class RayProgram:
         """Run once on the actors; outputs in ``carry`` stay there as ``RayBlocks``."""
         # an actor another program found dead and replaced is lost to this one too
         self.lost |= {w for w in range(self.tg.workers) if _ACTORS.get(self._slot(w)) is not self.actors[w]}
-        resident = [v for v in feeds.values() if isinstance(v, RayBlocks) and v.program is self]
-        for blocks in resident:
-            self.check_resident(blocks)
+        for blocks in [v for v in feeds.values() if isinstance(v, RayBlocks)]:
+            blocks.program.check_resident(blocks)
         self._revive()
         run = next(self._runs)
         workers = range(self.tg.workers)
@@ -203,15 +202,17 @@ class RayProgram:
         for w, wanted in self.inputs.items():
             for name, box, dtype in wanted:
                 value = feeds[name]
-                if not (isinstance(value, RayBlocks) and value.program is self):
+                mine = self._holders(value)
+                if mine is None:
                     piece = value.get(box) if isinstance(value, Blocks) else value[slices(box)]
                     pieces = [(box, ("feed", np.asarray(piece)))]
                 else:
                     pieces = []
-                    for have, (holder, _, key) in value.where.items():
+                    for have, (theirs, _, key) in value.where.items():
                         meet = intersect(have, box)
                         if meet is None:
                             continue
+                        holder = mine[theirs]
                         if holder == w:
                             pieces.append((have, ("store", key)))
                         else:
@@ -221,6 +222,21 @@ class RayProgram:
                 entry = inputs[w].setdefault(name, (value.shape, dtype, []))
                 entry[2].extend(p for p in pieces if p[0] not in {q[0] for q in entry[2]})
         return inputs, sends
+
+    def _holders(self, value: object) -> dict[int, int] | None:
+        """The workers of this program that hold ``value``'s blocks, by the worker of the program
+        that left them: resident state another program left on the same actors (a session bound
+        to another's) is read where it lies. None: the driver feeds it."""
+        if not isinstance(value, RayBlocks):
+            return None
+        mine = {id(actor): w for w, actor in enumerate(self.actors)}
+        holders = {}
+        for theirs, _, _ in value.where.values():
+            w = mine.get(id(value.program.actors[theirs]))
+            if w is None:
+                return None
+            holders[theirs] = w
+        return holders
 
     def _wait(self, run: int, calls: dict) -> tuple[dict[int, tuple[str, object]], str | None]:
         """Collect every worker's result; after the first failure abort the rest, then say what failed."""

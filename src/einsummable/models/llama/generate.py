@@ -1,23 +1,37 @@
 """Text generation with a KV cache: one prefill program, then one decode program.
 
 Prompts of different lengths are left-padded; the mask hides the pads and the
-positions count from each row's first real token. The cache lives in numpy
-arrays of a fixed length, so the decode program compiles once. On the local engine
-the decode program runs on one worker with every core in BLAS: a token is a chain of
-matrix-vector products with nothing worth splitting, and handing each one between
-threads cost more than it saved (32 tokens of a 23.5M model: 0.48 s on two workers,
-0.33 s on one).
+positions count from each row's first real token. The cache has a fixed length
+(prompt + new tokens), so the decode program compiles once.
+
+Resident (the default): the two programs share one session (``Program.session``),
+so the weights and the cache stay on the workers. The prefill keeps its keys and
+values as the cache, padded to its full length; each decode step writes its own
+into the cache at column ``t`` (a run-time variable), ``where(slot == t, new, cache)``,
+and builds its attention mask from ``t`` and the positions in the graph. A step
+feeds the new ids and positions only (8 bytes a sequence) and fetches the sampled
+ids (greedy, an argmax in the graph) or the logits. Both programs output the
+weights unchanged, so each keeps them in its own partition: they move once, when
+a program first reads them, not every step. The decode program runs on all the
+workers or on one, whichever the planner's simulation predicts is faster.
+
+``resident=False`` is the driver-fed path: every run feeds all the weights and
+the cache from numpy arrays (the baseline the benchmark compares against).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from einsummable.compile import Program, compile
+from einsummable.compile import Program, Session, compile
 from einsummable.errors import EinsummableError
-from einsummable.frontend.tensor import Graph
+from einsummable.frontend import builders
+from einsummable.frontend.tensor import Graph, Tensor, elementwise
+from einsummable.frontend.tensor_extras import argmax
+from einsummable.hardware.cluster import Cluster
 from einsummable.models.llama import model as llama
 from einsummable.models.llama.model import LlamaConfig
 
@@ -25,42 +39,131 @@ NEG_INF = -np.inf
 
 
 class Generator:
-    """Runs a Llama for generation: ``Generator(cfg, params).generate([[1, 2, 3]], 10)``."""
+    """Runs a Llama for generation: ``Generator(cfg, params).generate([[1, 2, 3]], 10)``.
 
-    def __init__(self, cfg: LlamaConfig, params: dict[str, np.ndarray], *, engine: str | None = None,
-                 workers: int | None = None) -> None:
+    ``session``: generate from the weights another session keeps resident (a
+    ``Trainer``'s), bound by name, instead of from ``params``. ``cluster``: plan for it
+    (as ``compile``), e.g. the nodes of a Ray cluster with ``engine="ray"``.
+    """
+
+    def __init__(self, cfg: LlamaConfig, params: dict[str, np.ndarray] | None = None, *,
+                 engine: str | None = None, workers: int | None = None, cluster: Cluster | None = None,
+                 session: Session | None = None, resident: bool = True) -> None:
+        if (params is None) == (session is None):
+            raise EinsummableError("Generator takes the weights as params or as a session holding them, "
+                                   "exactly one of the two")
+        if session is not None and not resident:
+            raise EinsummableError("a Generator bound to a session generates resident (resident=True)")
         self.cfg = cfg
         self.params = params
-        self.dtype = "bf16" if next(iter(params.values())).dtype.name == "bfloat16" else "f32"
-        self._options = {"engine": engine, "workers": workers}
+        held = params if params is not None else session.resident.tensors
+        missing = sorted(set(cfg.parameter_shapes()) - set(held))
+        if missing:
+            where = "params" if params is not None else "the session's resident state"
+            raise EinsummableError(f"{where} lack(s) the weights {missing[:3]}"
+                                   f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}")
+        first = held["model.embed_tokens.weight"]
+        self.dtype = "bf16" if str(first.dtype) in ("bfloat16", "bf16") else "f32"
+        self.resident = resident
+        self._options = {"engine": engine, "workers": workers, "cluster": cluster}
         self._programs: dict[tuple, Program] = {}
+        self._root = session  # the shared resident state, once there is one
+        self._sessions: dict[tuple, Session] = {}
 
     # ------------------------------------------------------------ programs
 
-    def _program(self, batch: int, new: int, cached: int) -> Program:
-        key = (batch, new, cached)
+    def _program(self, key: tuple) -> Program:
+        """``key``: ("prefill", batch, tokens, cache length or 0, greedy), ("decode", batch, cache
+        length, greedy), or the driver-fed path's ("fed", batch, tokens, cache length or 0)."""
         if key not in self._programs:
-            options = dict(self._options)
-            if cached and options["engine"] in (None, "local"):
-                options["workers"] = 1
-            self._programs[key] = compile(self._graph(batch, new, cached), **options)
+            kind, *shape = key
+            graph = {"prefill": self._prefill_graph, "decode": self._decode_graph,
+                     "fed": self._fed_graph}[kind]
+            if kind == "fed" and key[3] and self._options["engine"] in (None, "local") \
+                    and self._options["cluster"] is None:
+                self._programs[key] = compile(graph(*shape), **(self._options | {"workers": 1}))
+            else:
+                self._programs[key] = self._compile(graph(*shape), decode=kind == "decode")
         return self._programs[key]
 
-    def _graph(self, batch: int, new: int, cached: int) -> Graph:
-        cfg = self.cfg
+    def _compile(self, graph: Graph, decode: bool) -> Program:
+        """Decode: on all the workers, or on one if the simulation predicts that is faster (a
+        token is a chain of matrix-vector products, with little worth splitting)."""
+        prog = compile(graph, **self._options)
+        if not decode or prog.taskgraph is None or prog.taskgraph.workers == 1:
+            return prog
+        cluster = self._options["cluster"]
+        one = {"cluster": replace(cluster, machines=1, cores=1)} if cluster is not None else {"workers": 1}
+        alone = compile(graph, **(self._options | one))
+        return alone if alone.simulate().makespan < prog.simulate().makespan else prog
+
+    def _session(self, key: tuple) -> Session:
+        if key not in self._sessions:
+            prog = self._program(key)
+            keep = [n for n in prog.graph.outputs if n.startswith("cache_")]
+            if self._root is None:
+                self._root = prog.session(self.params, keep)
+                self._sessions[key] = self._root
+            else:
+                self._sessions[key] = prog.session(self._root, keep)
+        return self._sessions[key]
+
+    def _start(self, batch: int, new: int) -> tuple[Graph, dict[str, Tensor], Tensor, Tensor]:
         g = Graph()
-        p = llama.parameters(g, cfg, self.dtype)
-        ids = g.input("ids", (batch, new), "i64")
-        pos = g.input("pos", (batch, new))
-        mask = g.input("mask", (batch, new, cached + new))
-        cache = None
-        if cached:
-            g_, j, k = cfg.num_key_value_heads, cfg.head_dim // 2, cfg.head_dim
-            cache = [(g.input(f"cache_k{i}", (batch, cached, g_, 2, j), self.dtype),
-                      g.input(f"cache_v{i}", (batch, cached, g_, k), self.dtype))
-                     for i in range(cfg.num_hidden_layers)]
-        h, new_cache = llama.decoder(cfg, p, ids, pos, mask, cache)
-        g.output("logits", llama.lm_head(cfg, p, h[:, new - 1 :, :]))
+        p = llama.parameters(g, self.cfg, self.dtype)
+        return g, p, g.input("ids", (batch, new), "i64"), g.input("pos", (batch, new))
+
+    def _cache_inputs(self, g: Graph, batch: int, length: int) -> list[tuple[Tensor, Tensor]]:
+        g_, j, k = self.cfg.num_key_value_heads, self.cfg.head_dim // 2, self.cfg.head_dim
+        return [(g.input(f"cache_k{i}", (batch, length, g_, 2, j), self.dtype),
+                 g.input(f"cache_v{i}", (batch, length, g_, k), self.dtype))
+                for i in range(self.cfg.num_hidden_layers)]
+
+    def _outputs(self, g: Graph, p: dict[str, Tensor], h: Tensor, greedy: bool) -> None:
+        """The next ids (greedy) or the last logits, and the weights unchanged (kept where they lie)."""
+        logits = llama.lm_head(self.cfg, p, h[:, -1:, :])[:, 0, :]
+        if greedy:  # an i64, fed back as the next step's ids
+            g.output("next", argmax(logits.astype("f32"), axis=-1))
+        else:
+            g.output("logits", logits)
+        for name, w in p.items():
+            g.output(name, w)
+
+    def _prefill_graph(self, batch: int, n: int, length: int, greedy: bool) -> Graph:
+        g, p, ids, pos = self._start(batch, n)
+        h, new_cache = llama.decoder(self.cfg, p, ids, pos, g.input("mask", (batch, n, n)), None)
+        self._outputs(g, p, h, greedy)
+        for i, (k_new, v_new) in enumerate(new_cache if length else []):
+            g.output(f"cache_k{i}", builders.pad(k_new, [(0, 0), (0, length - n)] + [(0, 0)] * 3))
+            g.output(f"cache_v{i}", builders.pad(v_new, [(0, 0), (0, length - n), (0, 0), (0, 0)]))
+        return g
+
+    def _decode_graph(self, batch: int, length: int, greedy: bool) -> Graph:
+        g, p, ids, pos = self._start(batch, 1)
+        cache = self._cache_inputs(g, batch, length)
+        # keys: the cache's slots [0, length), then this step's; a row sees its written slots
+        # [t - pos, t) (after its left pads) and this step. One join each, not a task per operator.
+        slots = g.ramp((1, 1, length + 1), (0.0, 0.0, 1.0))
+        seen = f"where(x0 == {length}.0, 0.0, where(x0 < t, where(x0 >= t - x1, 0.0, -inf), -inf))"
+        mask = elementwise(seen, slots, pos[:, :, None])
+        h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache)
+        self._outputs(g, p, h, greedy)
+        column = g.ramp((1, length, 1, 1), (0.0, 1.0, 0.0, 0.0))  # f32: bf16 counts exactly to 256 only
+        for i, ((k, v), (k_new, v_new)) in enumerate(zip(cache, new_cache, strict=True)):
+            k_out = elementwise("where(x0 == t, x1, x2)", column[..., None], k_new, k)
+            v_out = elementwise("where(x0 == t, x1, x2)", column, v_new, v)
+            g.output(f"cache_k{i}", k_out.astype(self.dtype))  # the join's result is f32
+            g.output(f"cache_v{i}", v_out.astype(self.dtype))
+        return g
+
+    def _fed_graph(self, batch: int, new: int, length: int) -> Graph:
+        """The driver-fed path (the decode on one local worker): the mask and the whole cache
+        are inputs, the new keys and values outputs."""
+        g, p, ids, pos = self._start(batch, new)
+        cache = self._cache_inputs(g, batch, length) if length else None
+        mask = g.input("mask", (batch, new, length + new))
+        h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache)
+        g.output("logits", llama.lm_head(self.cfg, p, h[:, -1:, :])[:, 0, :])
         for i, (k_new, v_new) in enumerate(new_cache):
             g.output(f"k{i}", k_new)
             g.output(f"v{i}", v_new)
@@ -77,26 +180,33 @@ class Generator:
         """
         tokens, pads = self._pad(prompts)
         rng = np.random.default_rng(seed)
+        greedy = temperature <= 0
+        batch, filled = tokens.shape
+        length = filled + max(max_new_tokens - 1, 0) if use_cache else 0
         out: list[list[int]] = [[] for _ in prompts]
         done = np.zeros(len(prompts), dtype=bool)
-        logits, cache = self._prefill(tokens, pads)
-        if use_cache:
-            cache = self._grow(cache, max_new_tokens)
-        filled = tokens.shape[1]
+        step = self._prefill(tokens, pads, length, greedy)
+        cache = self._fed_cache(step, length) if use_cache and not self.resident else None
         for i in range(max_new_tokens):
-            nxt = sample(logits, temperature, top_p, rng)
+            nxt = step["next"].astype(np.int64) if greedy else sample(step["logits"], temperature, top_p, rng)
             for b, t in enumerate(nxt):
                 if not done[b]:
                     out[b].append(int(t))
                     done[b] = int(t) in stop_tokens
             if done.all() or i == max_new_tokens - 1:
                 break
-            if use_cache:
-                logits = self._decode(nxt, pads, cache, filled)
-            else:
+            if not use_cache:
                 tokens = np.concatenate([tokens, nxt[:, None]], axis=1)
-                logits, _ = self._prefill(tokens, pads)
+                step = self._prefill(tokens, pads, 0, greedy)
+            elif self.resident:
+                feeds = {"ids": nxt[:, None].astype(np.int64),
+                         "pos": (filled - pads)[:, None].astype(np.float32), "t": filled}
+                step = self._session(("decode", batch, length, greedy)).run(feeds, fetch=[_fetched(greedy)])
+            else:
+                step = self._fed_decode(nxt, pads, cache, filled, greedy)
             filled += 1
+        if self._root is not None:  # the cache is this call's alone: free it on the workers
+            self._root.drop([n for n in self._root.resident.tensors if n.startswith("cache_")])
         return out
 
     def _pad(self, prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -115,44 +225,57 @@ class Generator:
             tokens[b, pads[b] :] = p
         return tokens, pads
 
-    def _prefill(self, tokens: np.ndarray, pads: np.ndarray) -> tuple[np.ndarray, list]:
+    def _prefill(self, tokens: np.ndarray, pads: np.ndarray, length: int,
+                 greedy: bool) -> dict[str, np.ndarray]:
+        """The first step's ids or logits; the prompt's keys and values become the cache (resident:
+        padded to ``length`` and kept on the workers; fed: returned as "k0", "v0", ...)."""
         batch, n = tokens.shape
         q = np.arange(n)
         pos = q[None, :] - pads[:, None]
         allowed = (q[None, None, :] <= q[None, :, None]) & (q[None, None, :] >= pads[:, None, None])
         allowed |= np.eye(n, dtype=bool)[None]  # a pad row sees itself, so it stays finite
-        out = self._program(batch, n, 0).run(self._feeds(tokens, pos, allowed))
-        cache = [(out[f"k{i}"], out[f"v{i}"]) for i in range(self.cfg.num_hidden_layers)]
-        return out["logits"][:, -1], cache
+        feeds = _feeds(tokens, pos, allowed)
+        if self.resident:
+            return self._session(("prefill", batch, n, length, greedy)).run(feeds, fetch=[_fetched(greedy)])
+        return _with_next(self._program(("fed", batch, n, 0)).run(self.params | feeds), greedy)
 
-    def _grow(self, cache: list, max_new_tokens: int) -> list:
-        """Copy the prefill's keys and values into fixed-length cache buffers."""
+    def _fed_cache(self, out: dict[str, np.ndarray], length: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The prefill's keys and values copied into fixed-length cache buffers in numpy."""
         grown = []
-        for k, v in cache:
-            n = k.shape[1]
-            length = n + max(max_new_tokens - 1, 0)
+        for i in range(self.cfg.num_hidden_layers):
+            k, v = out[f"k{i}"], out[f"v{i}"]
             kk = np.zeros((k.shape[0], length, *k.shape[2:]), k.dtype)
             vv = np.zeros((v.shape[0], length, *v.shape[2:]), v.dtype)
-            kk[:, :n], vv[:, :n] = k, v
+            kk[:, : k.shape[1]], vv[:, : v.shape[1]] = k, v
             grown.append((kk, vv))
         return grown
 
-    def _decode(self, nxt: np.ndarray, pads: np.ndarray, cache: list, filled: int) -> np.ndarray:
+    def _fed_decode(self, nxt: np.ndarray, pads: np.ndarray, cache: list, filled: int,
+                    greedy: bool) -> dict[str, np.ndarray]:
         batch, length = len(nxt), cache[0][0].shape[1]
         slots = np.arange(length + 1)
         allowed = ((slots[None, :] < filled) & (slots[None, :] >= pads[:, None])) | (slots[None, :] == length)
-        pos = (filled - pads)[:, None]
-        feeds = self._feeds(nxt[:, None], pos, allowed[:, None, :])
+        feeds = self.params | _feeds(nxt[:, None], (filled - pads)[:, None], allowed[:, None, :])
         for i, (k, v) in enumerate(cache):
             feeds[f"cache_k{i}"], feeds[f"cache_v{i}"] = k, v
-        out = self._program(batch, 1, length).run(feeds)
+        out = self._program(("fed", batch, 1, length)).run(feeds)
         for i, (k, v) in enumerate(cache):
             k[:, filled], v[:, filled] = out[f"k{i}"][:, 0], out[f"v{i}"][:, 0]
-        return out["logits"][:, -1]
+        return _with_next(out, greedy)
 
-    def _feeds(self, ids: np.ndarray, pos: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
-        mask = np.where(allowed, 0.0, NEG_INF).astype(np.float32)
-        return self.params | {"ids": ids.astype(np.int64), "pos": pos.astype(np.float32), "mask": mask}
+
+def _fetched(greedy: bool) -> str:
+    return "next" if greedy else "logits"
+
+
+def _with_next(out: dict[str, np.ndarray], greedy: bool) -> dict[str, np.ndarray]:
+    """The driver-fed path fetches the logits; greedy takes their argmax here."""
+    return out | {"next": out["logits"].astype(np.float64).argmax(-1)} if greedy else out
+
+
+def _feeds(ids: np.ndarray, pos: np.ndarray, allowed: np.ndarray) -> dict[str, np.ndarray]:
+    mask = np.where(allowed, 0.0, NEG_INF).astype(np.float32)
+    return {"ids": ids.astype(np.int64), "pos": pos.astype(np.float32), "mask": mask}
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator) -> np.ndarray:
