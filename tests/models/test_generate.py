@@ -83,9 +83,9 @@ def test_a_decode_step_feeds_only_ids_and_positions(tmp_path, monkeypatch, worke
     steps = spy.decode_steps()
     assert len(steps) == 5
     b = len(PROMPTS)
-    for fed, back in steps:  # f32 ids and positions, 4 bytes each a sequence; back: the ids
-        assert fed == {"ids": 4 * b, "pos": 4 * b}
-        assert back == {"next": 4 * b}
+    for fed, back in steps:  # i64 ids and f32 positions, 12 bytes a sequence; back: the i64 ids
+        assert fed == {"ids": 8 * b, "pos": 4 * b}
+        assert back == {"next": 8 * b}
     spy.runs.clear()
     gen.generate(PROMPTS, 6)  # a second call reuses the weights where the first left them
     assert all(not any(n in params for n in fed) for fed, _, _ in spy.runs)
@@ -185,7 +185,7 @@ def test_resident_generation_on_ray_feeds_only_ids_and_positions(tmp_path, monke
     steps = spy.decode_steps()
     assert len(steps) == 4
     for fed, back in steps:
-        assert fed == {"ids": 4 * len(PROMPTS), "pos": 4 * len(PROMPTS)}
-        assert back == {"next": 4 * len(PROMPTS)}
+        assert fed == {"ids": 8 * len(PROMPTS), "pos": 4 * len(PROMPTS)}
+        assert back == {"next": 8 * len(PROMPTS)}
     assert gathered == []  # the decode read the prefill's weights and cache on the actors, not via the driver
     assert all(isinstance(w, ray_engine.RayBlocks) for w in gen._root.resident.tensors.values())

@@ -19,7 +19,7 @@ TINY = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hid
 def test_three_micro_batches_equal_one_big_batch_and_no_gradient_reaches_the_driver(monkeypatch, engine,
                                                                                      workers):
     rng = np.random.default_rng(0)
-    bigs = [rng.integers(0, 256, (6, 17)).astype(np.float32) for _ in range(3)]
+    bigs = [rng.integers(0, 256, (6, 17)).astype(np.int64) for _ in range(3)]
 
     def fixed(data, cfg, step, micro=0):  # step s: one batch of 6, or its three thirds
         return bigs[step] if cfg.batch == 6 else bigs[step][2 * micro : 2 * micro + 2]

@@ -9,7 +9,7 @@ so the weights and the cache stay on the workers. The prefill keeps its keys and
 values as the cache, padded to its full length; each decode step writes its own
 into the cache at column ``t`` (a run-time variable), ``where(slot == t, new, cache)``,
 and builds its attention mask from ``t`` and the positions in the graph. A step
-feeds the new ids and positions only (8 bytes a sequence) and fetches the sampled
+feeds the new ids and positions only (12 bytes a sequence) and fetches the sampled
 ids (greedy, an argmax in the graph) or the logits. Both programs output the
 weights unchanged, so each keeps them in its own partition: they move once, when
 a program first reads them, not every step. The decode program runs on all the
