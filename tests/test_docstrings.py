@@ -4,7 +4,7 @@ import inspect
 
 import einsummable as es
 from einsummable.compile import Session
-from einsummable.models.llama import model
+from einsummable.models.llama import Model, model
 
 
 def _doc(obj) -> str:
@@ -18,9 +18,11 @@ def _public_members(cls) -> dict[str, object]:
 
 def test_every_public_callable_and_method_has_a_docstring():
     named = {name: getattr(es, name) for name in es.__all__ if callable(getattr(es, name))}
-    for cls in (es.Graph, es.Tensor, es.Program, Session):
+    for cls in (es.Graph, es.Tensor, es.Program, Session, Model):
         named |= _public_members(cls)
     named["models.llama.model.forward"] = model.forward
-    assert {"Graph.input", "Graph.output", "Program.run", "Program.session", "Session.run"} <= set(named)
+    named["models.llama.Model.__call__"] = Model.__call__
+    assert {"Graph.input", "Graph.output", "Program.run", "Program.session", "Session.run",
+            "Model.generate", "Model.save", "Model.from_pretrained"} <= set(named)
     missing = sorted(name for name, obj in named.items() if not _doc(obj))
     assert not missing, f"no docstring: {missing}"
