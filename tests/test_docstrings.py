@@ -8,12 +8,13 @@ from einsummable.models.llama import Model, model
 
 
 def _doc(obj) -> str:
-    return (inspect.getdoc(obj.fget if isinstance(obj, property) else obj) or "").strip()
+    obj = obj.fget if isinstance(obj, property) else obj.__func__ if isinstance(obj, classmethod) else obj
+    return (inspect.getdoc(obj) or "").strip()
 
 
 def _public_members(cls) -> dict[str, object]:
     return {f"{cls.__name__}.{name}": value for name, value in vars(cls).items()
-            if not name.startswith("_") and (callable(value) or isinstance(value, property))}
+            if not name.startswith("_") and (callable(value) or isinstance(value, property | classmethod))}
 
 
 def test_every_public_callable_and_method_has_a_docstring():

@@ -36,16 +36,6 @@ except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
 
-def __getattr__(name: str) -> object:
-    """``es.llama`` (``einsummable.models.llama``: ``es.llama.Model``), imported on first use
-    so that ``import einsummable`` stays fast."""
-    if name == "llama":
-        from einsummable.models import llama
-
-        return llama
-    raise AttributeError(f"module 'einsummable' has no attribute {name!r}")
-
-
 __all__ = [
     "AutodiffError",
     "CheckpointError",

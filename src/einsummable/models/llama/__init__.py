@@ -4,7 +4,7 @@ config.json (config.py), its checkpoints (weights.py, safetensors_io.py), tokeni
 demo corpus included (data.py). The model's names are re-exported here, with ``Model``
 (api.py), the Hugging Face-like surface over all of them:
 
-    from einsummable.models.llama import Model      # or es.llama.Model
+    from einsummable.models.llama import Model
     model = Model.from_pretrained("llama-dir")
     logits = model([[1, 2, 3]])                     # numpy [1, 3, vocab]
 """
