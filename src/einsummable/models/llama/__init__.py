@@ -29,7 +29,14 @@ from einsummable.models.llama.model import (
     rope_rotation,
 )
 
+# What model.py's index letters stand for, so that the plan report names indices by role
+# ("split in 2D: batch × hidden") rather than by letter
+INDEX_ROLES = {"b": "batch", "s": "seq", "q": "query", "t": "key", "d": "hidden", "v": "vocab",
+               "g": "kv head", "r": "head", "c": "rope half", "e": "rope half", "j": "rope freq",
+               "k": "head dim", "f": "mlp"}
+
 __all__ = [
+    "INDEX_ROLES",
     "PRESETS",
     "QUERY_BLOCK",
     "LlamaConfig",
