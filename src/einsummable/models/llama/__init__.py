@@ -30,9 +30,10 @@ from einsummable.models.llama.model import (
 )
 
 # What model.py's index letters stand for, so that the plan report names indices by role
-# ("split in 2D: batch × hidden") rather than by letter
+# ("split in 2D: batch × hidden") rather than by letter. g counts the key-value heads (every
+# head without GQA), r the query heads that share one
 INDEX_ROLES = {"b": "batch", "s": "seq", "q": "query", "t": "key", "d": "hidden", "v": "vocab",
-               "g": "kv head", "r": "head", "c": "rope half", "e": "rope half", "j": "rope freq",
+               "g": "head", "r": "query head", "c": "rope half", "e": "rope half", "j": "rope freq",
                "k": "head dim", "f": "mlp"}
 
 __all__ = [
