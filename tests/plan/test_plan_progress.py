@@ -1,7 +1,10 @@
 """Planning shows progress (issue 20 item 7): make_plan reports each planner as it starts, the
 lazily planned baselines included, and ``einsummable plan`` draws a bar with an ETA on a terminal."""
 
+import re
 import sys
+
+import pytest
 
 import einsummable as es
 from einsummable import cli, progress
@@ -49,3 +52,11 @@ def test_plan_command_is_quiet_on_stderr_off_a_terminal(capsys):
     assert cli.main(TINY) == 0
     captured = capsys.readouterr()
     assert captured.err == "" and "planned in" in captured.out and "fsdp" in captured.out
+
+
+def test_tqdms_bar_names_the_first_planner_before_any_is_done(monkeypatch, capsys):
+    pytest.importorskip("tqdm")
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert cli.main(TINY) == 0
+    assert re.search(rf"0/{len(PLANNERS)} \[[^\r]*now=eindecomp", term.text), term.text
