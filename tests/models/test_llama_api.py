@@ -110,3 +110,19 @@ def test_bad_input_says_what_is_wrong():
         Model("llama-1b")
     with pytest.raises(CheckpointError, match="missing"):
         Model("tiny", params={})
+
+
+def test_bf16_weights_give_float32_logits_within_transformers_bf16_error(hf):
+    theirs, path = hf
+    model = Model.from_pretrained(path, dtype="bf16")
+    assert {w.dtype.name for w in model.params.values()} == {"bfloat16"}
+    ids = np.random.default_rng(4).integers(0, 61, (2, 8))
+    exact = _theirs(theirs, ids).astype(np.float64)
+    half = transformers.LlamaForCausalLM(theirs.config).eval()
+    half.load_state_dict(theirs.state_dict())
+    with torch.no_grad():
+        rounded = half.to(torch.bfloat16)(torch.tensor(ids)).logits.double().numpy()
+    got = model(ids)
+    assert got.dtype == np.float32
+    budget = np.linalg.norm(rounded - exact) / np.linalg.norm(exact)  # transformers' own bf16 error
+    assert 0 < budget < 0.05 and np.linalg.norm(got - exact) / np.linalg.norm(exact) <= 2 * budget
