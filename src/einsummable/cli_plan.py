@@ -76,6 +76,7 @@ def plan_with_progress(g: Graph, cluster: Cluster, planner: str, compare: bool) 
             _ = plan.baselines
     return plan
 
+
 def training_graph(cfg: LlamaConfig, batch: int, seq: int, optimizer: str = "adamw") -> Graph:
     """One training step: forward, backward and (``adamw``) the optimizer's update, whose
     moments are inputs and outputs; ``none``: the gradients are the outputs."""

@@ -30,7 +30,7 @@ from einsummable.plan.summary import Summary
 Counts = tuple[int, ...]
 # progress(done, total, name): ``done`` of ``total`` planners are planned and ``name`` is
 # planned next ("" when all are); planning a big cluster takes minutes
-Progress = Callable[[int, int, str], None]
+OnProgress = Callable[[int, int, str], None]
 PLANNERS = ("eindecomp", *baselines.BASELINES)
 SEEDS = ("data_parallel",)  # experts' layouts across machines, EinDecomp's other starts
 
@@ -53,7 +53,7 @@ def partitions(sps: Sequence[Space], counts: Sequence[Counts]) -> list[Partition
 
 
 def make_plan(g: EinGraph, cluster: Cluster, planner: str = "eindecomp", compare: bool = True,
-              check_memory: bool = True, progress: Progress | None = None) -> Plan:
+              check_memory: bool = True, progress: OnProgress | None = None) -> Plan:
     """Plan with ``planner``; with ``compare``, the report also plans every other planner
     (lazily, when it is printed). ``check_memory``: raise PlanError when it does not fit.
     ``progress`` is called before each planner and once at the end, the baselines included."""
@@ -75,7 +75,7 @@ def _quiet(done: int, total: int, name: str) -> None:
     """No progress to show."""
 
 
-def _others(g: EinGraph, cluster: Cluster, planner: str, tick: Progress) -> tuple[tuple[str, Summary], ...]:
+def _others(g: EinGraph, cluster: Cluster, planner: str, tick: OnProgress) -> tuple[tuple[str, Summary], ...]:
     names = [name for name in PLANNERS if name != planner]
     out = []
     for i, name in enumerate(names):
