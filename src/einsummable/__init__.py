@@ -36,6 +36,7 @@ try:
 except PackageNotFoundError:  # run from a source tree that was never installed
     __version__ = "0+unknown"
 
+
 __all__ = [
     "AutodiffError",
     "CheckpointError",

@@ -17,8 +17,8 @@ import numpy as np
 
 from einsummable.cli_plan import COMPARE_UP_TO, cmd_calibrate, cmd_plan, cmd_simulate
 from einsummable.errors import EinsummableError
+from einsummable.models.llama import INDEX_ROLES, weights
 from einsummable.models.llama import tokenizer as tokenizers
-from einsummable.models.llama import weights
 from einsummable.models.llama.data import BUNDLED, corpus, load_data
 from einsummable.models.llama.generate import Generator
 from einsummable.models.llama.model import PRESETS, LlamaConfig, init_params
@@ -72,7 +72,7 @@ def save_merged(trainer: Trainer, merge: Path) -> None:
 def _summary(plan: Plan | None) -> str:
     if plan is None:
         return "reference engine: every node runs whole, in order, with numpy"
-    return report.brief(plan)
+    return report.brief(plan, INDEX_ROLES)
 
 
 def plot_losses(losses: list[float], path: Path) -> Path | None:

@@ -9,18 +9,20 @@ import math
 import re
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
 from einsummable.errors import EinsummableError
 from einsummable.frontend.tensor import Graph
 from einsummable.hardware.cluster import Cluster
+from einsummable.models.llama import INDEX_ROLES, weights
 from einsummable.models.llama import model as llama
-from einsummable.models.llama import weights
 from einsummable.models.llama.model import PRESETS, LlamaConfig
 from einsummable.plan import report
-from einsummable.plan.planners import make_plan
-from einsummable.progress import CLEAR_TO_END
+from einsummable.plan.plan import Plan
+from einsummable.plan.planners import PLANNERS, make_plan
+from einsummable.progress import Progress
 from einsummable.train.grads import output_gradients
 from einsummable.train.optim import adamw
 
@@ -51,16 +53,28 @@ def cmd_plan(args: argparse.Namespace) -> None:
           f"{cluster.memory_per_machine / 2**30:.4g} GiB per machine")
     compare = args.compare == "yes" or (args.compare == "auto" and cluster.workers <= COMPARE_UP_TO)
     start = time.perf_counter()
-    if sys.stderr.isatty():  # planning a big cluster takes up to minutes: say it is under way
-        sys.stderr.write(f"planning {len(g.ir)} nodes for {cluster.workers} workers"
-                         f"{' and the baselines' if compare else ''}...")
-        sys.stderr.flush()
-    plan = make_plan(g.ir, cluster, args.planner, compare=compare)
-    if sys.stderr.isatty():
-        sys.stderr.write("\r" + CLEAR_TO_END)
+    plan = plan_with_progress(g, cluster, args.planner, compare)
     print(f"planned in {time.perf_counter() - start:.1f} s"
-          + ("" if compare else " (baselines not planned: add --compare yes to see them side by side)"))
-    print(plan if args.full else report.brief(plan))
+          + (" (with the baselines)" if compare else
+             " (baselines not planned: add --compare yes to see them side by side)"))
+    print(plan if args.full else report.brief(plan, INDEX_ROLES))
+
+
+def plan_with_progress(g: Graph, cluster: Cluster, planner: str, compare: bool) -> Plan:
+    """``make_plan`` with, on a terminal, a progress bar with an ETA, one step per planner
+    (planning a big cluster takes minutes). The baselines are planned here, under the bar,
+    rather than when the report is printed."""
+    tty = sys.stderr.isatty()
+    steps = len(PLANNERS) if compare else 1
+    with Progress(steps, "planning", unit="planner") if tty else nullcontext() as bar:
+        def tick(done: int, total: int, name: str) -> None:
+            if bar is not None:
+                bar.update(done - bar.done, now=name or "done")
+
+        plan = make_plan(g.ir, cluster, planner, compare=compare, progress=tick)
+        if compare:
+            _ = plan.baselines
+    return plan
 
 
 def training_graph(cfg: LlamaConfig, batch: int, seq: int, optimizer: str = "adamw") -> Graph:

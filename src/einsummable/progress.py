@@ -31,7 +31,7 @@ class Progress:
         self.fields.update({k: _fmt(v) for k, v in fields.items()})
         if self._tqdm is not None:
             if fields:
-                self._tqdm.set_postfix(self.fields, refresh=False)
+                self._tqdm.set_postfix(self.fields, refresh=not n)  # nothing done yet: show the fields now
             self._tqdm.update(n)
         elif self.tty:
             self.stream.write("\r" + self.line() + CLEAR_TO_END)

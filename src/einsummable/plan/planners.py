@@ -3,6 +3,7 @@
     plan = make_plan(graph, Cluster.local(8))           # EinDecomp; baselines planned when printed
     plan = make_plan(graph, Cluster(machines=4, cores=8), "fsdp")
     print(plan)                                          # the report
+    make_plan(graph, cluster, progress=lambda done, total, name: print(done, total, name))
 
 One machine: the one-level search of eindecomp.py over its cores, placed by list
 scheduling (placement.py). Several machines: the two-level search of twolevel.py,
@@ -12,7 +13,7 @@ laid out machine-major. Either way the plan must fit ``memory_per_machine``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from einsummable.errors import PlanError
@@ -27,6 +28,9 @@ from einsummable.plan.space import Space, spaces
 from einsummable.plan.summary import Summary
 
 Counts = tuple[int, ...]
+# progress(done, total, name): ``done`` of ``total`` planners are planned and ``name`` is
+# planned next ("" when all are); planning a big cluster takes minutes
+OnProgress = Callable[[int, int, str], None]
 PLANNERS = ("eindecomp", *baselines.BASELINES)
 SEEDS = ("data_parallel",)  # experts' layouts across machines, EinDecomp's other starts
 
@@ -49,21 +53,36 @@ def partitions(sps: Sequence[Space], counts: Sequence[Counts]) -> list[Partition
 
 
 def make_plan(g: EinGraph, cluster: Cluster, planner: str = "eindecomp", compare: bool = True,
-              check_memory: bool = True) -> Plan:
+              check_memory: bool = True, progress: OnProgress | None = None) -> Plan:
     """Plan with ``planner``; with ``compare``, the report also plans every other planner
-    (lazily, when it is printed). ``check_memory``: raise PlanError when it does not fit."""
+    (lazily, when it is printed). ``check_memory``: raise PlanError when it does not fit.
+    ``progress`` is called before each planner and once at the end, the baselines included."""
     if planner not in PLANNERS:
         raise PlanError(f"unknown planner {planner!r}; expected one of {list(PLANNERS)}")
+    total = len(PLANNERS) if compare else 1
+    tick = progress or _quiet
+    tick(0, total, planner)
     plan = _plan(g, cluster, planner, check_memory)
     if not compare:
+        tick(1, 1, "")
         return plan
-    others = partial(_others, g, cluster, planner)
+    others = partial(_others, g, cluster, planner, tick)
     return Plan(g, cluster, planner, plan.spaces, plan.parts, plan.summary, plan.where, others,
                 plan.free_formations, plan.levels)
 
 
-def _others(g: EinGraph, cluster: Cluster, planner: str) -> tuple[tuple[str, Summary], ...]:
-    return tuple((name, _plan(g, cluster, name, False).summary) for name in PLANNERS if name != planner)
+def _quiet(done: int, total: int, name: str) -> None:
+    """No progress to show."""
+
+
+def _others(g: EinGraph, cluster: Cluster, planner: str, tick: OnProgress) -> tuple[tuple[str, Summary], ...]:
+    names = [name for name in PLANNERS if name != planner]
+    out = []
+    for i, name in enumerate(names):
+        tick(1 + i, len(PLANNERS), name)
+        out.append((name, _plan(g, cluster, name, False).summary))
+    tick(len(PLANNERS), len(PLANNERS), "")
+    return tuple(out)
 
 
 def _plan(g: EinGraph, cluster: Cluster, planner: str, check_memory: bool) -> Plan:

@@ -8,9 +8,13 @@ constraint (memory, NIC or compute).
 
 from __future__ import annotations
 
+import string
+from collections import Counter
+from collections.abc import Callable, Mapping
+
 from einsummable.ir import scalar
 from einsummable.ir.graph import EinsumNode, Formation, InputNode
-from einsummable.plan.baselines import batch_dims
+from einsummable.plan.baselines import batch_dims, dim_classes
 
 WIDTH = 120  # a report line fits this many columns
 
@@ -100,9 +104,6 @@ def render(plan) -> str:
     return "\n".join([*lines, "", *table(plan)])
 
 
-GiB = 2**30
-
-
 def _aligned(rows: list[tuple[str, ...]], indent: str = "  ") -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return [(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))).rstrip() for r in rows]
@@ -129,15 +130,15 @@ def table(plan) -> list[str]:
     rows = [header]
     for name, s in ((plan.planner, plan.summary), *plan.baselines):
         star = " *" if name == plan.planner else ""
-        rows.append((name + star, f"{s.step_seconds:.3g}", f"{s.compute_seconds:.3g}",
-                     f"{s.network_seconds:.3g}", human(s.bytes_across), human(s.nic_bytes),
+        rows.append((name + star, seconds(s.step_seconds), seconds(s.compute_seconds),
+                     seconds(s.network_seconds), human(s.bytes_across), human(s.nic_bytes),
                      human(s.bytes_within), human(s.peak),
                      "yes" if s.fits else "no", s.binding, human(s.model_bytes)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     out = ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     s = plan.summary
-    out.append(f"  memory per machine: {plan.cluster.memory_per_machine / GiB:.3g} GiB")
-    out.append(f"  {plan.planner} peak " + (s.memory.describe() if s.memory is not None else "unknown"))
+    out.append(f"  memory per machine: {human(plan.cluster.memory_per_machine)}")
+    out.append(f"  {plan.planner} peak " + (_memory(s.memory) if s.memory is not None else "unknown"))
     out.append(f"  binding constraint of {plan.planner}: {s.binding}")
     out.append("  across, within = bytes moved between machines, between the cores of one machine;"
                " peak = memory per machine")
@@ -146,6 +147,17 @@ def table(plan) -> list[str]:
     out.append("  planner cost = the bytes the planner's cost model charges (replicas, partial sums,"
                " repartitions)")
     return out
+
+
+def seconds(x: float) -> str:
+    """Three significant figures, without an exponent for a long step."""
+    return f"{x:,.0f}" if x >= 1000 else f"{x:.3g}"
+
+
+def _memory(m) -> str:
+    """A peak and its parts (plan/memory.py's Memory), in the report's binary units."""
+    return (f"{human(m.peak)} = inputs {human(m.inputs)} + outputs {human(m.outputs)} + activations "
+            f"{human(m.activations)} + transient {human(m.transient)} (at node %{m.at})")
 
 
 def _kind(counts: tuple[int, ...], batch: int | None) -> str:
@@ -158,22 +170,57 @@ def _kind(counts: tuple[int, ...], batch: int | None) -> str:
     return f"split in {len(split)}D"
 
 
-def words(plan) -> list[str]:
-    """The strategy of every einsum in words, and why when every op stays whole."""
+def dim_namer(plan, roles: Mapping[str, str] | None = None) -> Callable[[int, int], str]:
+    """``name(v, d)``: what dim d of node v is, for the summary. The batch is "batch"; any other
+    index is named by the letter the user's einsums most often give it across the graph (an
+    index keeps its letter through the ops autodiff adds, which have none of their own; a
+    helper's generic "abc" counts only where nothing else names it), in ``roles``' words
+    where given (a model's legend: "d" -> "hidden")."""
+    g, sps = plan.graph, plan.spaces
+    classes = dim_classes(g, sps)
+    batch = batch_dims(g, sps)
+    votes: dict[tuple[int, int], Counter] = {}
+    for v, letters in g.index_names.items():
+        if isinstance(g.nodes[v], EinsumNode) and len(letters) >= len(sps[v].shape):
+            generic = letters == string.ascii_lowercase[: len(letters)]  # a helper's "abc", as nn's
+            for d in range(len(sps[v].shape)):
+                votes.setdefault(classes[(v, d)], Counter())[not generic, letters[d]] += 1
+
+    def name(v: int, d: int) -> str:
+        if d == batch[v]:
+            return "batch"
+        vote = votes.get(classes[(v, d)])
+        letter = max(vote.items(), key=lambda kv: (kv[0][0], kv[1]))[0][1] if vote else sps[v].names[d]
+        return (roles or {}).get(letter, letter)
+
+    return name
+
+
+def words(plan, roles: Mapping[str, str] | None = None) -> list[str]:
+    """The einsums counted by how their blocks split, each kind with the indices it splits
+    (most common first), and why when every op stays whole."""
     g = plan.graph
     live = g.live()
     batch = batch_dims(g, plan.spaces)
-    kinds: dict[str, int] = {}
+    name = dim_namer(plan, roles)
+    kinds: dict[str, Counter] = {}
     work = 0.0
     for v, node in enumerate(g.nodes):
         if live[v] and isinstance(node, EinsumNode):
-            kind = _kind(plan.parts[v].counts, batch[v])
-            kinds[kind] = kinds.get(kind, 0) + 1
+            counts = plan.parts[v].counts
+            split = sorted((name(v, d) for d, c in enumerate(counts) if c > 1),
+                           key=lambda n: (n != "batch", n))  # batch first, then by name
+            kinds.setdefault(_kind(counts, batch[v]), Counter())[" × ".join(split)] += 1
             work += plan.spaces[v].flops
-    total = sum(kinds.values())
-    mix = ", ".join(f"{n:,} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
-    out = [f"  {total:,} einsums: {mix}" if total else "  no einsums"]
-    if total and kinds.get("whole") == total and plan.cluster.workers > 1:
+    total = sum(sum(c.values()) for c in kinds.values())
+    if not total:
+        return ["  no einsums"]
+    out = [f"  {total:,} einsums, by the indices their blocks split:"]
+    width = len(f"{max(sum(c.values()) for c in kinds.values()):,}")
+    for kind, combos in sorted(kinds.items(), key=lambda kv: -sum(kv[1].values())):
+        head = f"    {sum(combos.values()):>{width},} {kind}"
+        out.append(head if kind in ("whole", "data parallel (batch)") else _listing(head + ": ", combos))
+    if len(kinds) == 1 and "whole" in kinds and plan.cluster.workers > 1:
         per = work / total / plan.cluster.workers
         out.append(f"  every op stays whole: too little work per block for {plan.cluster.workers} cores"
                    f" (about {human(per, 'F')} per core per op;")
@@ -181,7 +228,21 @@ def words(plan) -> list[str]:
     return out
 
 
-def brief(plan) -> str:
-    """The report without its per-node rows: strategy counts and the planners' table."""
+def _listing(head: str, combos: Counter) -> str:
+    """``head`` and the most common index combinations with their counts, within WIDTH."""
+    items = combos.most_common()
+    line = f"{head}{items[0][1]:,} {items[0][0]}"
+    for i, (dims, n) in enumerate(items[1:], 1):
+        left = len(items) - i - 1
+        piece = f", {n:,} {dims}"
+        if len(line + piece + (f", … {left} more" if left else "")) > WIDTH:
+            return line + f", … {len(items) - i} more"
+        line += piece
+    return line
+
+
+def brief(plan, roles: Mapping[str, str] | None = None) -> str:
+    """The report without its per-node rows: the strategy in words and the planners' table.
+    ``roles`` names the indices by their letters, as ``words`` says."""
     head = f"plan: {plan.planner} on {plan.cluster} ({plan.cluster.workers} workers)"
-    return "\n".join([head, *words(plan), *table(plan)])
+    return "\n".join([head, *words(plan, roles), *table(plan)])
