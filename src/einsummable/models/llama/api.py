@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from einsummable.compile import Program, compile
+from einsummable.compile import Session, compile
 from einsummable.errors import CheckpointError, ConfigError, FeedError
 from einsummable.frontend.tensor import Graph
 from einsummable.ir.dtypes import to_numpy
@@ -38,7 +38,7 @@ class Model:
         logits = model(np.array([[1, 2, 3]]))         # [1, 3, vocab], float32
 
     ``engine`` and ``workers`` are ``es.compile``'s: how the programs behind the calls run.
-    Programs are compiled once per input shape and reused.
+    Programs are compiled once per input shape and reused; the weights stay on the workers.
     """
 
     def __init__(self, config: LlamaConfig | str, params: dict[str, np.ndarray] | None = None, *,
@@ -69,7 +69,8 @@ class Model:
         self._tokenizer_source = tokenizer
         self._tokenizer: Tokenizer | None = None
         self._options = {"engine": engine, "workers": workers}
-        self._programs: dict[tuple[int, int], Program] = {}
+        self._sessions: dict[tuple[int, int], Session] = {}  # one a shape, sharing one resident state
+        self._root: Session | None = None
         self._generator: Generator | None = None
 
     @classmethod
@@ -99,15 +100,17 @@ class Model:
         """
         tokens = self._tokens(ids)
         batch, seq = tokens.shape
-        if (batch, seq) not in self._programs:
-            self._programs[batch, seq] = compile(self._graph(batch, seq), **self._options)
-        logits = self._programs[batch, seq].run(self.params | {"ids": tokens.astype(np.float32)})["logits"]
+        if (batch, seq) not in self._sessions:  # the weights stay on the workers between calls
+            prog = compile(self._graph(batch, seq), **self._options)
+            self._sessions[batch, seq] = prog.session(self._root or self.params)
+            self._root = self._root or self._sessions[batch, seq]
+        logits = self._sessions[batch, seq].run({"ids": tokens}, fetch=["logits"])["logits"]
         return logits[0] if np.ndim(ids) == 1 else logits
 
     def _graph(self, batch: int, seq: int) -> Graph:
         g = Graph()
         p = llama.parameters(g, self.config, self.dtype)
-        ids = g.input("ids", (batch, seq))
+        ids = g.input("ids", (batch, seq), "i64")
         pos = g.ramp((batch, seq), steps=(0.0, 1.0))
         g.output("logits", llama.forward(self.config, p, ids, pos, None).astype("f32"))  # causal
         return g
