@@ -50,11 +50,14 @@ class Memory:
     at: int  # the node running at the peak
 
     def describe(self) -> str:
-        gib = 2**30
-        return (f"{self.peak / gib:.1f} GiB = inputs {self.inputs / gib:.1f}"
-                f" + outputs {self.outputs / gib:.1f}"
-                f" + activations {self.activations / gib:.1f} + transient {self.transient / gib:.1f}"
+        return (f"{gib(self.peak)} GiB = inputs {gib(self.inputs)} + outputs {gib(self.outputs)}"
+                f" + activations {gib(self.activations)} + transient {gib(self.transient)}"
                 f" (at node %{self.at})")
+
+
+def gib(n: float) -> str:
+    """Bytes in GiB to three significant digits, never in exponent form: 0.0107, 27.3, 532."""
+    return np.format_float_positional(n / 2**30, precision=3, fractional=False, trim="-")
 
 
 def holds_nothing(g: EinGraph, sps: Sequence[Space], v: int) -> bool:

@@ -24,6 +24,7 @@ from einsummable.plan.summary import Summary, critical_path
 from einsummable.plan.traffic import block_indices
 
 if TYPE_CHECKING:
+    from einsummable.plan.remat import Remat
     from einsummable.plan.twolevel import TwoLevel
 
 
@@ -42,6 +43,7 @@ class Plan:
     others: Callable[[], tuple[tuple[str, Summary], ...]] | None = field(default=None, repr=False)
     free_formations: bool = False  # see check_plan
     levels: TwoLevel | None = None  # a two-level plan's counts across machines and within one
+    remat: Remat | None = None  # what recomputation did to ``graph`` to make it fit (plan/remat.py)
 
     @functools.cached_property
     def locs(self) -> tuple[tuple[int, ...], ...]:

@@ -138,6 +138,8 @@ def table(plan) -> list[str]:
     s = plan.summary
     out.append(f"  memory per machine: {plan.cluster.memory_per_machine / GiB:.3g} GiB")
     out.append(f"  {plan.planner} peak " + (s.memory.describe() if s.memory is not None else "unknown"))
+    if plan.remat is not None:
+        out.append(f"  {plan.remat.describe(s.memory)}")
     out.append(f"  binding constraint of {plan.planner}: {s.binding}")
     out.append("  across, within = bytes moved between machines, between the cores of one machine;"
                " peak = memory per machine")

@@ -1,0 +1,130 @@
+"""Activation checkpointing (rematerialisation) as a pass: EinGraph in, EinGraph out.
+
+The forward part of a training graph is what the loss depends on. Every other node
+(the backward and the update) that reads a forward activation normally keeps that
+activation alive from the forward pass until the backward uses it. ``rematerialize``
+keeps only the ``keep`` nodes (and the inputs) alive that long: each other forward
+value a backward node reads is recomputed from the kept ones, by copies of its
+forward nodes placed just before the first backward node that needs it. The copies
+are the same ops on the same values, so the gradients are bitwise unchanged.
+
+Example: for ``h1 = layer(x); h2 = layer(h1); loss = f(h2)`` with ``keep=[h1, h2]``,
+the pre-activations inside each layer are recomputed during the backward pass
+instead of being held from the forward pass. Checkpoints bound how much is recomputed
+at once: with ``keep=[]`` the whole forward is recomputed in one go and nothing is saved.
+Measured on a 6-layer residual GELU MLP (tests/autodiff/test_remat.py): keeping every
+layer's output cuts the peak held bytes from 57 kB to 37 kB for 12 extra nodes.
+
+``checkpoints`` finds the forward values that make good ``keep`` sets: the cuts of the
+forward (the residual stream between layers), through which every later forward value
+is computed. Index names (``EinGraph.index_names``) follow the nodes and their copies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+
+from einsummable.ir.dtypes import itemsize
+from einsummable.ir.graph import ComplexView, EinGraph, EinsumNode, Fill, InputNode, Reshape
+
+
+def rematerialize(graph: EinGraph, loss: int, keep: Iterable[int]) -> EinGraph:
+    """A new graph computing the same outputs, recomputing un-kept activations for the backward."""
+    kept = set(keep)
+    forward = graph.live(roots=[loss])
+    out = EinGraph()
+    moved: dict[int, int] = {}  # original id -> id in out
+    copies: dict[int, int] = {}  # recomputed forward id -> id of its copy in out
+
+    def add(nid: int, inputs: tuple[int, ...]) -> int:
+        new = out.add(dataclasses.replace(graph.nodes[nid], inputs=inputs))
+        if nid in graph.index_names:
+            out.index_names[new] = graph.index_names[nid]
+        return new
+
+    def recomputable(nid: int) -> bool:
+        return forward[nid] and nid not in kept and not isinstance(graph.nodes[nid], InputNode)
+
+    def copy(root: int) -> None:
+        stack = [root]
+        while stack:
+            nid = stack[-1]
+            if nid in copies:
+                stack.pop()
+                continue
+            todo = [i for i in graph.nodes[nid].inputs if recomputable(i) and i not in copies]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            copies[nid] = add(nid, tuple(copies[i] if recomputable(i) else moved[i]
+                                         for i in graph.nodes[nid].inputs))
+
+    for nid, node in enumerate(graph.nodes):
+        if forward[nid]:
+            inputs = tuple(moved[i] for i in node.inputs)
+        else:
+            for i in node.inputs:
+                if recomputable(i):
+                    copy(i)
+            inputs = tuple(copies[i] if recomputable(i) else moved[i] for i in node.inputs)
+        moved[nid] = add(nid, inputs)
+    for name, nid in graph.outputs.items():
+        out.set_output(name, moved[nid])
+    out.class_ids = list(graph.class_ids)
+    return out
+
+
+def checkpoints(graph: EinGraph, loss: int) -> list[int]:
+    """The forward values, in order, that every later forward value is computed through.
+
+    Node c is a cut when no forward value made before c is read after c: in a residual
+    network, the stream between layers. Inputs, fills and views of them (weights,
+    masks) are read anywhere and do not count; nor do partial sums (their formation is
+    the value), nor the loss itself.
+    """
+    forward = graph.live(roots=[loss])
+    constant = [False] * len(graph.nodes)
+    last = list(range(len(graph.nodes)))  # last forward reader
+    for nid, node in enumerate(graph.nodes):
+        if not forward[nid]:
+            continue
+        constant[nid] = isinstance(node, InputNode | Fill) or (
+            isinstance(node, Reshape | ComplexView) and constant[node.inputs[0]])
+        for i in node.inputs:
+            last[i] = max(last[i], nid)
+    cuts, reach = [], 0
+    for nid, node in enumerate(graph.nodes):
+        if not forward[nid] or constant[nid]:
+            continue
+        if reach <= nid and nid != loss and not (isinstance(node, EinsumNode) and node.partial):
+            cuts.append(nid)
+        reach = max(reach, last[nid])
+    return cuts
+
+
+def peak_bytes(graph: EinGraph) -> int:
+    """Peak bytes of computed values held when nodes run in id order and each value is
+    freed after its last use (as the reference engine does); inputs are not counted."""
+    live = graph.live()
+    last_use = {}
+    for nid, node in enumerate(graph.nodes):
+        if live[nid]:
+            for i in node.inputs:
+                last_use[i] = nid
+    for nid in graph.outputs.values():
+        last_use[nid] = len(graph.nodes)
+    held, peak = 0, 0
+    frees: dict[int, list[int]] = {}
+    for nid, node in enumerate(graph.nodes):
+        if not live[nid] or isinstance(node, InputNode):
+            continue
+        size = itemsize(node.dtype) * math.prod(node.shape)
+        held += size
+        peak = max(peak, held)
+        frees.setdefault(last_use.get(nid, nid), []).append(size)
+        for freed in frees.pop(nid, []):
+            held -= freed
+    return peak
