@@ -27,7 +27,11 @@ import math
 from collections.abc import Iterable
 
 from einsummable.ir.dtypes import itemsize
-from einsummable.ir.graph import ComplexView, EinGraph, EinsumNode, Fill, InputNode, Reshape
+from einsummable.ir.einsummable import Einsummable
+from einsummable.ir.graph import ComplexView, EinGraph, EinsumNode, Fill, InputNode, Piece, Reshape, Select
+from einsummable.ir.syntax import parse
+
+BARRIER = parse("where(x1 == x1, x0, x0)")
 
 
 def rematerialize(graph: EinGraph, loss: int, keep: Iterable[int]) -> EinGraph:
@@ -37,6 +41,9 @@ def rematerialize(graph: EinGraph, loss: int, keep: Iterable[int]) -> EinGraph:
     out = EinGraph()
     moved: dict[int, int] = {}  # original id -> id in out
     copies: dict[int, int] = {}  # recomputed forward id -> id of its copy in out
+    barriers: dict[tuple[int, int], int] = {}  # (value, token) -> the value, once the token exists
+    tokens: dict[int, int] = {}  # backward value -> a scalar of it
+    progress = [-1]  # the backward value the next recomputation waits for
 
     def add(nid: int, inputs: tuple[int, ...]) -> int:
         new = out.add(dataclasses.replace(graph.nodes[nid], inputs=inputs))
@@ -46,6 +53,20 @@ def rematerialize(graph: EinGraph, loss: int, keep: Iterable[int]) -> EinGraph:
 
     def recomputable(nid: int) -> bool:
         return forward[nid] and nid not in kept and not isinstance(graph.nodes[nid], InputNode)
+
+    def operand(i: int) -> int:
+        return copies[i] if recomputable(i) else moved[i]
+
+    def gated(inputs: tuple[int, ...], originals: tuple[int, ...]) -> tuple[int, ...]:
+        """A chain's first recomputation reads one operand through a barrier on the backward's
+        progress, so that no engine runs it before the backward needs it."""
+        if progress[0] < 0 or any(recomputable(i) for i in originals):
+            return inputs
+        k = next((k for k, i in enumerate(originals) if not isinstance(graph.nodes[i], InputNode)), 0)
+        key = (inputs[k], progress[0])
+        if key not in barriers:
+            barriers[key] = _barrier(out, inputs[k], _token(out, progress[0], tokens))
+        return (*inputs[:k], barriers[key], *inputs[k + 1:])
 
     def copy(root: int) -> None:
         stack = [root]
@@ -59,21 +80,63 @@ def rematerialize(graph: EinGraph, loss: int, keep: Iterable[int]) -> EinGraph:
                 stack.extend(todo)
                 continue
             stack.pop()
-            copies[nid] = add(nid, tuple(copies[i] if recomputable(i) else moved[i]
-                                         for i in graph.nodes[nid].inputs))
+            originals = graph.nodes[nid].inputs
+            copies[nid] = add(nid, gated(tuple(operand(i) for i in originals), originals))
 
     for nid, node in enumerate(graph.nodes):
         if forward[nid]:
-            inputs = tuple(moved[i] for i in node.inputs)
-        else:
-            for i in node.inputs:
-                if recomputable(i):
-                    copy(i)
-            inputs = tuple(copies[i] if recomputable(i) else moved[i] for i in node.inputs)
-        moved[nid] = add(nid, inputs)
+            moved[nid] = add(nid, tuple(moved[i] for i in node.inputs))
+            continue
+        for i in node.inputs:
+            if recomputable(i):
+                copy(i)
+        moved[nid] = add(nid, tuple(operand(i) for i in node.inputs))
+        if _token_source(out, moved[nid]):
+            progress[0] = moved[nid]
     for name, nid in graph.outputs.items():
         out.set_output(name, moved[nid])
     out.class_ids = list(graph.class_ids)
+    return out
+
+
+def _token_source(g: EinGraph, v: int) -> bool:
+    """Whether one element of v can gate a recomputation: a finished, non-empty value."""
+    node = g.nodes[v]
+    return not (isinstance(node, EinsumNode) and node.partial) and math.prod(node.shape) > 0
+
+
+def _token(g: EinGraph, v: int, tokens: dict[int, int]) -> int:
+    """A scalar of v: its first element."""
+    if v not in tokens:
+        node = g.nodes[v]
+        if node.shape:
+            rank = len(node.shape)
+            first = g.add(Select((v,), (Piece(0, ((0, 1),) * rank, (0,) * rank),), (1,) * rank, node.dtype))
+            tokens[v] = g.add(Reshape((first,), (), node.dtype))
+        else:
+            tokens[v] = v
+    return tokens[v]
+
+
+def _barrier(g: EinGraph, v: int, token: int) -> int:
+    """v itself, computed only once ``token`` exists: ``where(t == t, x, x)`` is x for every t
+    and x, NaN included (as JAX's remat orders recomputation with an optimization barrier)."""
+    node = g.nodes[v]
+    every = tuple(range(len(node.shape)))
+    op = Einsummable(node.shape, (every, ()), len(every), BARRIER, None, (node.dtype, g.nodes[token].dtype))
+    return g.add(EinsumNode(op, (v, token)))
+
+
+def gates(graph: EinGraph) -> set[int]:
+    """The barriers of a rematerialised graph and the scalars that only they read (as their
+    token): the nodes that order recomputation, as against the recomputed ones."""
+    users = graph.users()
+    out = {v for v, node in enumerate(graph.nodes)
+           if isinstance(node, EinsumNode) and node.op.join == BARRIER}
+    for v in reversed(range(len(graph.nodes))):
+        if isinstance(graph.nodes[v], Select | Reshape) and users[v] and all(
+                u in out and graph.nodes[u].inputs[-1] == v for u in users[v]):
+            out.add(v)
     return out
 
 

@@ -26,6 +26,7 @@ gathered copy counts 1 GiB on each machine, only while its reader runs.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,57 +69,116 @@ def holds_nothing(g: EinGraph, sps: Sequence[Space], v: int) -> bool:
     return isinstance(node, Formation) and not sps[node.inputs[0]].aggregated
 
 
-def shares(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts]) -> np.ndarray:
-    """Bytes of each node's output on one machine that holds a block of it."""
+def formed_in_place(g: EinGraph, sps: Sequence[Space], counts: Sequence[Counts], v: int) -> bool:
+    """A formation of a sum that no block splits, laid out as its einsum's output: the
+    lowering hands on the einsum's blocks, so it holds nothing of its own."""
+    node = g.nodes[v]
+    if not isinstance(node, Formation):
+        return False
+    u = node.inputs[0]
+    return (all(counts[u][d] == 1 for d in sps[u].aggregated)
+            and tuple(counts[v]) == tuple(counts[u][d] for d in sps[u].out_dims))
+
+
+def shares(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts],
+           cc: Sequence[Counts] | None = None) -> np.ndarray:
+    """Bytes of each node's output on one machine that holds a block of it. With the
+    counts within a machine (``cc``), a sum split across its cores holds one partial
+    sum per core block of the summed dimensions."""
+    full = cm if cc is None else [tuple(a * b for a, b in zip(x, y, strict=True))
+                                  for x, y in zip(cm, cc, strict=True)]
     out = np.zeros(len(g.nodes))
     for v, (node, sp) in enumerate(zip(g.nodes, sps, strict=True)):
-        if not holds_nothing(g, sps, v):
-            out[v] = nbytes(node) / math.prod(cm[v][d] for d in sp.out_dims)
+        if holds_nothing(g, sps, v) or formed_in_place(g, sps, full, v):
+            continue
+        partials = 1 if cc is None else math.prod(cc[v][d] for d in sp.aggregated)
+        out[v] = nbytes(node) / math.prod(cm[v][d] for d in sp.out_dims) * partials
     return out
 
 
-def transient(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], v: int) -> float:
-    """Operand pieces node v needs on one machine that its producers lay out differently."""
-    total = 0.0
-    sp = sps[v]
-    seen: set[int] = set()
-    for k, u in enumerate(g.nodes[v].inputs):
-        if u in seen or isinstance(g.nodes[u], Fill) or k >= len(sp.operands):
+def gathered(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequence[bool],
+             cc: Sequence[Counts] | None = None, cores: int = 1) -> list[tuple[int, list[int], float]]:
+    """Operand copies a machine makes for readers laid out otherwise than the value they
+    read: the value, the readers of each copy and its bytes on one machine.
+
+    Across machines, a reader's piece held by another machine crosses once and is kept
+    (a gathered weight, a repartitioned activation). Within a machine (``cc`` given), a
+    core block that needs pieces of several blocks assembles them into a block of its
+    own, one per core that needs it; one that lies inside a held block is a view. The
+    lowering makes each copy once and hands it to every reader of that layout, and the
+    engines make it as soon as the value is there (they rank it by its readers' critical
+    path), so a copy lives from the value's making to its last reader: a gathered
+    weight from the start of the step.
+    """
+    copies: dict[tuple, tuple[int, list[int], float]] = {}
+
+    def add(key: tuple, v: int, size: float) -> None:
+        _, readers, _ = copies.setdefault(key, (key[0], [], size))
+        if readers[-1:] != [v]:
+            readers.append(v)
+
+    for v, node in enumerate(g.nodes):
+        if not live[v] or isinstance(node, InputNode | Formation):  # a formation's copy is its value
             continue
-        seen.add(u)
-        need = tuple(cm[v][d] if d is not None else 1 for d in sp.operands[k])
-        have = tuple(cm[u][d] for d in sps[u].out_dims)
-        if need != have:
-            total += nbytes(g.nodes[u]) / math.prod(need)
-    return total
+        sp = sps[v]
+        for k, u in enumerate(node.inputs):
+            if isinstance(g.nodes[u], Fill) or k >= len(sp.operands):
+                continue
+            dims = sp.operands[k]
+            need = tuple(cm[v][d] if d is not None else 1 for d in dims)
+            piece = nbytes(g.nodes[u]) / math.prod(need)
+            if need != tuple(cm[u][d] for d in sps[u].out_dims):
+                add((u, need), v, piece)
+            if cc is None:
+                continue
+            inner = tuple(a * (cc[v][d] if d is not None else 1) for a, d in zip(need, dims, strict=True))
+            held = tuple(cm[u][d] * cc[u][d] for d in sps[u].out_dims)
+            if any(n % h for n, h in zip(inner, held, strict=True)):
+                boxes = math.prod(cc[v][d] for d in dims if d is not None)
+                readers = math.prod(cc[v]) // boxes
+                add((u, inner), v, piece * min(readers, max(1, cores // boxes)))
+    return list(copies.values())
 
 
 def estimate(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequence[bool],
-             replicated: bool = False) -> Memory:
-    """The peak of one machine holding an equal share of every node laid out by ``cm``."""
-    size = shares(g, sps, cm)
-    if replicated:
+             replicated: bool = False, cc: Sequence[Counts] | None = None, cores: int = 1) -> Memory:
+    """The peak of one machine holding an equal share of every node laid out by ``cm``
+    (and, when given, ``cc`` over its ``cores``)."""
+    size = shares(g, sps, cm, cc)
+    copies = gathered(g, sps, cm, live, cc, cores)
+    if replicated:  # whole state on every machine, which its readers need not gather
         whole = np.array([float(nbytes(node)) for node in g.nodes])
         state = _inputs(g) | _outputs(g)
         size = np.where(state & (size > 0), whole, size)
-    extra = np.array([transient(g, sps, cm, v) if live[v] and not isinstance(g.nodes[v], InputNode) else 0.0
-                      for v in range(len(g.nodes))])
-    return peak(g, sps, live, size[:, None], extra[:, None])
+        copies = [c for c in copies if not state[c[0]]]
+    return peak(g, sps, live, size[:, None], copies)
 
 
 def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarray,
-         extra: np.ndarray) -> Memory:
-    """The busiest machine's peak, given [nodes, machines] bytes held and transient per node."""
+         copies: Sequence[tuple[int, list[int], float]] = ()) -> Memory:
+    """The busiest machine's peak, given [nodes, machines] bytes held, and operand copies
+    (the value copied, its readers and bytes on every machine) held from the value's
+    making to the last reader."""
     n = len(g.nodes)
     if not n:
         return Memory(0.0, 0.0, 0.0, 0.0, 0.0, 0)
     is_input, is_output = _inputs(g), _outputs(g)
-    start, end = _spans(g, sps, live)
+    order = engine_order(g, sps, live)
+    alias = [holds_nothing(g, sps, v) or (isinstance(node, Formation) and not size[v].any())
+             for v, node in enumerate(g.nodes)]
+    start, end = _spans(g, live, order, alias)
     size = np.where(np.array(live)[:, None], size, 0.0)
     delta = np.zeros((n + 1, size.shape[1]))
     np.add.at(delta, start, size)
     np.add.at(delta, end + 1, -size)
-    total = np.cumsum(delta, axis=0)[:n] + extra
+    held = np.cumsum(delta, axis=0)[:n]
+    moved = np.zeros(n + 1)
+    for u, readers, b in copies:
+        steps = start[readers]
+        moved[0 if is_input[u] else steps.min()] += b
+        moved[steps.max() + 1] -= b
+    moved = np.cumsum(moved)[:n]
+    total = held + moved[:, None]
     t, m = np.unravel_index(int(np.argmax(total)), total.shape)
     alive = (start <= t) & (end >= t)
     col = size[:, m]
@@ -127,9 +187,41 @@ def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarr
         inputs=float(col[alive & is_input].sum()),
         outputs=float(col[alive & is_output & ~is_input].sum()),
         activations=float(col[alive & ~is_input & ~is_output].sum()),
-        transient=float(extra[t, m]),
-        at=int(t),
+        transient=float(moved[t]),
+        at=int(order[t]),
     )
+
+
+def engine_order(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> np.ndarray:
+    """Node ids in the order the engines run them when one core has work waiting: of the
+    ready nodes, the one with the longest chain of work after it first, ties by id (the
+    critical-path rank of engines/scheduler.py and the simulator). Work is flops plus
+    bytes written. Unlike id order, this runs a value nothing waits on (a weight's
+    gradient, the loss) late, so what it reads is held longer. Dead nodes go last."""
+    n = len(g.nodes)
+    users: list[list[int]] = [[] for _ in range(n)]
+    pending = [0] * n
+    for v, node in enumerate(g.nodes):
+        if live[v]:
+            for u in node.inputs:
+                users[u].append(v)
+            pending[v] = len(node.inputs)
+    rank = [0.0] * n
+    for v in reversed(range(n)):
+        if live[v]:
+            rank[v] = sps[v].flops + nbytes(g.nodes[v]) + max((rank[u] for u in users[v]), default=0.0)
+    ready = [(-rank[v], v) for v in range(n) if live[v] and not pending[v]]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, v = heapq.heappop(ready)
+        out.append(v)
+        for u in users[v]:
+            pending[u] -= 1
+            if not pending[u]:
+                heapq.heappush(ready, (-rank[u], u))
+    out += [v for v in range(n) if not live[v]]
+    return np.array(out, dtype=np.int64)
 
 
 def _inputs(g: EinGraph) -> np.ndarray:
@@ -142,20 +234,23 @@ def _outputs(g: EinGraph) -> np.ndarray:
     return out
 
 
-def _spans(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
-    """First and last node during which each node's output is held."""
+def _spans(g: EinGraph, live: Sequence[bool], order: np.ndarray,
+           alias: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """First and last step (position in ``order``) during which each node's output is held;
+    an ``alias`` (a view, a formation in place) holds its source instead."""
     n = len(g.nodes)
     is_input, is_output = _inputs(g), _outputs(g)
-    start = np.arange(n)
-    end = np.arange(n)
+    start = np.empty(n, dtype=np.int64)
+    start[order] = np.arange(n)
+    end = start.copy()
     for v, node in enumerate(g.nodes):
         if live[v]:
             for u in node.inputs:
-                end[u] = max(end[u], v)
+                end[u] = max(end[u], start[v])
     end[is_output] = n - 1
     # a view keeps its source alive for as long as the view is read
     for v in reversed(range(n)):
-        if live[v] and holds_nothing(g, sps, v):
+        if live[v] and alias[v]:
             for u in g.nodes[v].inputs:
                 end[u] = max(end[u], end[v])
     start[is_input] = 0
@@ -165,5 +260,6 @@ def _spans(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> tuple[np.
 
 def lifetimes(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> np.ndarray:
     """Each node's share of the step it is held (1.0: all of it), for the planner's penalty."""
-    start, end = _spans(g, sps, live)
+    alias = [holds_nothing(g, sps, v) for v in range(len(g.nodes))]
+    start, end = _spans(g, live, engine_order(g, sps, live), alias)
     return (end - start + 1) / max(len(g.nodes), 1)

@@ -16,7 +16,7 @@ import numpy as np
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation
-from einsummable.plan.memory import holds_nothing, peak
+from einsummable.plan.memory import formed_in_place, gathered, holds_nothing, peak
 from einsummable.plan.partition import Partition
 from einsummable.plan.placement import place
 from einsummable.plan.space import Space, nbytes, spaces
@@ -94,11 +94,13 @@ def build(
     placed = place(g, sps, parts, cluster, live)
     check_locs(g, parts, cluster, placed.locs)  # the partitions were checked above
     held = np.zeros((len(g.nodes), cluster.machines))
+    counts = [p.counts for p in parts]
     for v, node in enumerate(g.nodes):
-        if not holds_nothing(g, sps, v):
+        if not holds_nothing(g, sps, v) and not formed_in_place(g, sps, counts, v):
             sizes = nbytes(node) * _out_share(sps[v], parts[v])
             np.add.at(held[v], np.array(placed.locs[v], dtype=np.int64) // cluster.cores, sizes)
-    memory = peak(g, sps, live, held, np.zeros_like(held))
+    ones = [(1,) * len(c) for c in counts]  # one machine's view: its copies are within it
+    memory = peak(g, sps, live, held, gathered(g, sps, ones, live, counts, cluster.cores))
     nic = float(placed.nic_in.max())
     compute = max(float(placed.seconds.max()), critical_path(g, live, [p.num_blocks for p in parts], cluster))
     summary = Summary(placed.flops, placed.within, placed.across, model_bytes, compute,

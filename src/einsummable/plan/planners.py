@@ -102,6 +102,8 @@ def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: C
         if check_memory and memory.peak > cluster.memory_per_machine:
             raise PlanMemoryError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} "
                                   f"GiB per machine on {cluster}: it needs {memory.describe()}", memory)
+    # the partial sums of the cores' blocks count too, now that they are chosen
+    memory = estimate(g, outer, tl.cm, live, planner in baselines.REPLICATED, tl.cc, cluster.cores)
     isps, isize = twolevel.inner(g, outer, tl.cm)
     inner_model = CostModel(g, isps, cluster.cores, cluster, live, node_bytes=isize)
     within = inner_model.evaluate(tl.cc, live) * cluster.machines

@@ -29,7 +29,7 @@ from einsummable.errors import PlanMemoryError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import FLOATS
 from einsummable.ir.graph import EinGraph
-from einsummable.ir.remat import checkpoints, peak_bytes, rematerialize
+from einsummable.ir.remat import checkpoints, gates, peak_bytes, rematerialize
 from einsummable.plan.memory import Memory, gib
 from einsummable.plan.space import spaces
 
@@ -92,7 +92,8 @@ def replan(g: EinGraph, cluster: Cluster, err: PlanMemoryError,
                 smallest = tried.memory
             continue
         flops = [_flops(x) for x in (g, graph)]
-        return planned, Remat(len(keep), len(graph) - len(g), flops[1] - flops[0], flops[1], before)
+        recomputed = len(graph) - len(g) - len(gates(graph))
+        return planned, Remat(len(keep), recomputed, flops[1] - flops[0], flops[1], before)
     sharded = "the state sharded and " if cluster.machines > 1 else ""
     raise PlanMemoryError(
         f"no plan fits {gib(cluster.memory_per_machine)} GiB per machine on {cluster}, even with {sharded}"
