@@ -1,27 +1,31 @@
-"""Peak memory of one machine under a plan, estimated from the graph order.
+"""Peak memory of one machine under a plan, taken from the order in which the engines run.
 
 A machine is the unit of memory: its cores share one copy of every block it holds.
-Given each node's block counts across machines (``cm``), a machine holds
-``bytes / (machine blocks of the output)`` of a node (a partial sum: its piece of
-one output block). Lifetimes follow the node order, which is the order a program
-is written and run:
-- graph inputs (parameters, optimizer state, data) are held for the whole step;
-- every other value is held from the node that makes it to its last reader, and a
-  graph output (gradients, new state) to the end of the step;
-- views (reshapes, complex views, the formation of a finished value) hold nothing
-  of their own; fills are rebuilt where read;
-- while a node runs, the operand pieces it needs that are laid out otherwise
-  across machines are *transient* copies (a gathered weight, a repartitioned
-  activation), freed when it ends: the ZeRO-3 / FSDP discipline of gathering a
-  shard per use.
+Given each node's block counts across machines (``cm``) and, once chosen, within a
+machine (``cc``), a machine holds ``bytes / (machine blocks of the output)`` of a node,
+times the partial sums its cores keep of it. The rules follow the lowering and the
+engines, and are checked against the simulator (tests/plan/test_memory_estimate.py):
+- order: nodes run in the engines' order, the longest chain of work after them first
+  (``engine_order``), so a value nothing waits on (a weight's gradient, the loss) runs
+  late and what it reads is held until then;
+- graph inputs (parameters, optimizer state, data) are held for the whole step; every
+  other value from the node that makes it to its last reader, a graph output to the end;
+- views (reshapes, complex views, the formation of a finished value or of a sum no
+  block splits) hold nothing and keep their source alive; fills are rebuilt where read;
+- an operand laid out otherwise than its reader needs is copied: across machines the
+  part another machine holds, within a machine a block assembled from several. The
+  lowering makes one copy per value and layout for all its readers, and the engines make
+  it as soon as they can, so it lives from its value's making (an input's: the step's
+  start) to its last reader. A gathered FSDP weight is thus held, not freed per use.
 
 The figure is for the busiest machine, assuming every machine holds an equal share
 (whole values count on every machine that may hold them). ``replicated=True``
 counts every graph input and output whole on each machine, as data parallelism
 keeps a full replica of parameters, gradients and optimizer state.
 
-Example: a 1 GiB weight split 4 ways across machines counts 256 MiB on each; its
-gathered copy counts 1 GiB on each machine, only while its reader runs.
+Example: a 1 GiB weight split 4 ways across machines counts 256 MiB on each; a reader
+that needs it whole adds the other 768 MiB on each machine from the start of the step
+to that reader.
 """
 
 from __future__ import annotations
@@ -127,8 +131,10 @@ def gathered(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequ
             dims = sp.operands[k]
             need = tuple(cm[v][d] if d is not None else 1 for d in dims)
             piece = nbytes(g.nodes[u]) / math.prod(need)
-            if need != tuple(cm[u][d] for d in sps[u].out_dims):
-                add((u, need), v, piece)
+            have = tuple(cm[u][d] for d in sps[u].out_dims)
+            if need != have:  # a gather brings the other machines' part; else assume it all crosses
+                coarser = all(n <= h for n, h in zip(need, have, strict=True))
+                add((u, need), v, piece * (1 - math.prod(need) / math.prod(have) if coarser else 1))
             if cc is None:
                 continue
             inner = tuple(a * (cc[v][d] if d is not None else 1) for a, d in zip(need, dims, strict=True))
