@@ -20,7 +20,7 @@ MiB = 2**20
 N, D, LAYERS = 2048, 32, 8
 
 
-def deep_mlp():
+def deep_mlp(matmul=nn.matmul):
     """Residual layers h + tanh(a) * exp(-a^2), a = gelu(h @ w): weights of 4 KiB, values of
     256 KiB, of which each layer saves four for its backward."""
     g = es.Graph()
@@ -28,7 +28,7 @@ def deep_mlp():
     ws = [g.input(f"w{k}", (D, D)) for k in range(LAYERS)]
     h, hs = x, []
     for w in ws:
-        a = nn.gelu(nn.matmul(h, w))
+        a = nn.gelu(matmul(h, w))
         h = es.elementwise("tanh(x0)", a) * es.elementwise("exp(-x0 * x0)", a) + h
         hs.append(h)
     loss = (h * h).mean()
@@ -121,3 +121,20 @@ def test_index_names_follow_rematerialised_nodes_and_their_copies():
     assert len(out.index_names) > len(g.ir.index_names)  # the copies are named too
     for v, letters in g.ir.index_names.items():
         assert named[g.ir.nodes[v].op] == letters
+
+
+def test_the_report_keeps_the_users_letters_through_autodiff_and_remat():
+    g, _, _ = deep_mlp(lambda h, w: es.einsum("bi,io->bo", h, w))
+    cluster = Cluster(machines=1, cores=2)
+    free = make_plan(g, cluster, compare=False)
+    text = str(free)
+    assert text.count("einsum[bi,io->bo x0 * x1 agg=add]") == LAYERS  # the forward, as written
+    assert text.count("einsum[bi,bo->io ") == LAYERS  # each weight's gradient, in the same letters
+    assert text.count("einsum[io,bo->bi ") == LAYERS - 1  # each layer's input gradient but x's
+    planned = make_plan(g, Cluster(machines=1, cores=2, memory_per_machine=0.65 * free.summary.peak),
+                        compare=False)
+    assert planned.remat is not None
+    matmul = g.nodes[LAYERS + 1].op
+    recomputed = sum(1 for n in planned.graph.nodes if isinstance(n, EinsumNode) and n.op == matmul)
+    assert recomputed > LAYERS  # the layers' matmuls, and their copies in the backward
+    assert str(planned).count("einsum[bi,io->bo x0 * x1 agg=add]") == recomputed
