@@ -13,7 +13,16 @@ the pre-activations inside each layer are recomputed during the backward pass
 instead of being held from the forward pass. Checkpoints bound how much is recomputed
 at once: with ``keep=[]`` the whole forward is recomputed in one go and nothing is saved.
 Measured on a 6-layer residual GELU MLP (tests/autodiff/test_remat.py): keeping every
-layer's output cuts the peak held bytes from 57 kB to 37 kB for 12 extra nodes.
+layer's output cuts the peak held bytes from 57 kB to 37 kB for 12 recomputed nodes (and 18
+that order them, below).
+
+Order: the engines run a ready task as soon as a core is free, so a recomputation whose
+checkpoint exists would run during the forward pass and save nothing (the simulator
+showed 11.3 MiB either way on a 2-core machine). The first op of each recomputed chain
+therefore reads its checkpoint through a barrier, ``where(t == t, x, x)``, whose token
+``t`` is one element of the last backward value made before the chain is needed: the
+same ``x`` for every value, NaN included, but not before the backward gets there (the
+optimization barrier of JAX's remat plays this part). ``gates`` finds these nodes.
 
 ``checkpoints`` finds the forward values that make good ``keep`` sets: the cuts of the
 forward (the residual stream between layers), through which every later forward value
@@ -28,7 +37,7 @@ from collections.abc import Iterable
 
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.einsummable import Einsummable
-from einsummable.ir.graph import ComplexView, EinGraph, EinsumNode, Fill, InputNode, Piece, Reshape, Select
+from einsummable.ir.graph import ComplexView, EinGraph, EinsumNode, InputNode, Piece, Reshape, Select
 from einsummable.ir.syntax import parse
 
 BARRIER = parse("where(x1 == x1, x0, x0)")
@@ -60,7 +69,7 @@ def rematerialize(graph: EinGraph, loss: int, keep: Iterable[int]) -> EinGraph:
     def gated(inputs: tuple[int, ...], originals: tuple[int, ...]) -> tuple[int, ...]:
         """A chain's first recomputation reads one operand through a barrier on the backward's
         progress, so that no engine runs it before the backward needs it."""
-        if progress[0] < 0 or any(recomputable(i) for i in originals):
+        if progress[0] < 0 or not originals or any(recomputable(i) for i in originals):
             return inputs
         k = next((k for k, i in enumerate(originals) if not isinstance(graph.nodes[i], InputNode)), 0)
         key = (inputs[k], progress[0])
@@ -144,28 +153,40 @@ def checkpoints(graph: EinGraph, loss: int) -> list[int]:
     """The forward values, in order, that every later forward value is computed through.
 
     Node c is a cut when no forward value made before c is read after c: in a residual
-    network, the stream between layers. Inputs, fills and views of them (weights,
-    masks) are read anywhere and do not count; nor do partial sums (their formation is
-    the value), nor the loss itself.
+    network, the stream between layers. Inputs, views of them (weights), values computed
+    from fills alone (masks, rotary tables) and small values (under an eighth of the
+    median forward value: token targets, norms' scales) are read anywhere and do not
+    count; nor are partial sums cuts (their formation is the value), nor the loss.
     """
     forward = graph.live(roots=[loss])
-    constant = [False] * len(graph.nodes)
-    last = list(range(len(graph.nodes)))  # last forward reader
+    n = len(graph.nodes)
+    ignored = [False] * n
+    fills_only = [False] * n  # computed from fills alone
+    last = list(range(n))  # last forward reader
     for nid, node in enumerate(graph.nodes):
         if not forward[nid]:
             continue
-        constant[nid] = isinstance(node, InputNode | Fill) or (
-            isinstance(node, Reshape | ComplexView) and constant[node.inputs[0]])
+        fills_only[nid] = not isinstance(node, InputNode) and all(fills_only[i] for i in node.inputs)
+        ignored[nid] = isinstance(node, InputNode) or fills_only[nid] or (
+            isinstance(node, Reshape | ComplexView) and ignored[node.inputs[0]])
         for i in node.inputs:
             last[i] = max(last[i], nid)
+    size = [_nbytes(node) for node in graph.nodes]
+    values = sorted(size[v] for v in range(n) if forward[v] and not ignored[v])
+    small = values[len(values) // 2] / 8 if values else 0
     cuts, reach = [], 0
     for nid, node in enumerate(graph.nodes):
-        if not forward[nid] or constant[nid]:
+        if not forward[nid] or ignored[nid]:
             continue
         if reach <= nid and nid != loss and not (isinstance(node, EinsumNode) and node.partial):
             cuts.append(nid)
-        reach = max(reach, last[nid])
+        if size[nid] >= small:
+            reach = max(reach, last[nid])
     return cuts
+
+
+def _nbytes(node) -> int:
+    return itemsize(node.dtype) * math.prod(node.shape)
 
 
 def peak_bytes(graph: EinGraph) -> int:

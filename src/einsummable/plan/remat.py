@@ -8,8 +8,8 @@ cut. Then the forward is checkpointed at its cuts (``ir.remat.checkpoints``: the
 residual stream between layers), every other activation the backward reads is
 recomputed there, and the graph is planned again:
 1. keeping every cut: per-layer checkpointing, the least recomputation;
-2. keeping every s-th cut, for the s whose graph holds the least in id order
-   (``peak_bytes``): fewer checkpoints, more recomputed at once.
+2. keeping every k-th cut, k near the square root of their number: fewer
+   checkpoints, more recomputed at once.
 The first that fits is the plan; its graph holds the recomputed nodes, so its
 predicted step time includes their flops, and its report says what remat cost and
 saved. When none fits, PlanMemoryError names the smallest peak found, remat included.
@@ -29,11 +29,9 @@ from einsummable.errors import PlanMemoryError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import FLOATS
 from einsummable.ir.graph import EinGraph
-from einsummable.ir.remat import checkpoints, gates, peak_bytes, rematerialize
+from einsummable.ir.remat import checkpoints, gates, rematerialize
 from einsummable.plan.memory import Memory, gib
 from einsummable.plan.space import spaces
-
-STRIDES = 16  # strides tried for the sparser keep set; a Llama has about 2 cuts per layer
 
 
 @dataclass(frozen=True)
@@ -64,14 +62,11 @@ def loss_of(g: EinGraph) -> int | None:
 
 
 def keep_sets(g: EinGraph, loss: int) -> list[list[int]]:
-    """Checkpoints to try, least recomputation first: every cut, then the sparser set
-    that holds least when run in id order."""
+    """Checkpoints to try, least recomputation first: every cut, then every k-th for k
+    near the square root of their number (the classic sqrt(n) checkpointing)."""
     cuts = checkpoints(g, loss)
-    if not cuts:
-        return []
-    best = min(range(2, min(STRIDES, len(cuts)) + 1),
-               key=lambda s: peak_bytes(rematerialize(g, loss, cuts[s - 1::s])), default=1)
-    return [cuts] if best == 1 else [cuts, cuts[best - 1::best]]
+    stride = round(math.sqrt(len(cuts)))
+    return [cuts, cuts[stride - 1::stride]] if stride > 1 else [cuts] if cuts else []
 
 
 def replan(g: EinGraph, cluster: Cluster, err: PlanMemoryError,
