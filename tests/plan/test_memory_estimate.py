@@ -37,3 +37,16 @@ def test_peak_estimate_is_within_ten_percent_of_the_simulated_peak(name, machine
     plan = make_plan(GRAPHS[name](), cluster, compare=False)
     simulated = max(simulate.run(lower(plan), cluster).peak_memory)
     assert plan.summary.peak == pytest.approx(simulated, rel=0.10)
+
+
+def test_the_simulator_counts_a_move_within_a_machine_as_a_view_of_its_source():
+    """The cores of a machine share its memory: the local engine's move is a slice of the
+    source block, so the block is held once (it was counted twice, which made the
+    planner's estimate look low)."""
+    from einsummable.lower.taskgraph import InputTask, MoveTask, Output, TaskGraph
+
+    box = ((0, 250), (0, 1000))  # 1e6 bytes of f32
+    tasks = (InputTask("a", box, "f32", 0), MoveTask((0,), box, 0, 1, "f32"))
+    tg = TaskGraph(tasks, {"y": Output((250, 1000), "f32", ((1, box),))}, 2, 2)
+    assert simulate.run(tg, Cluster(machines=1, cores=2)).peak_memory == (10**6,)
+    assert simulate.run(tg, Cluster(machines=1, cores=2, memory_per_machine=10**6)).fits
