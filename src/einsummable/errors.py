@@ -41,6 +41,15 @@ class PlanError(EinsummableError):
     """A plan or TaskGraph cannot be made as asked: a bad worker count, cluster or partition."""
 
 
+class PlanMemoryError(PlanError):
+    """No plan found fits ``memory_per_machine``; ``memory`` is the smallest peak found
+    (a plan.memory.Memory, with its breakdown), so a caller can try rematerialisation."""
+
+    def __init__(self, message: str, memory: object = None) -> None:
+        super().__init__(message)
+        self.memory = memory
+
+
 class EngineError(EinsummableError):
     """A task failed while a program ran, or a worker was lost; names the task and its graph node."""
 

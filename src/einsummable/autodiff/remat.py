@@ -1,97 +1,25 @@
-"""Activation checkpointing (rematerialisation) as a pass: EinGraph in, EinGraph out.
+"""Activation checkpointing for tensors: ``rematerialize(graph, loss, keep=[h1, h2])``.
 
-The forward part of a training graph is what the loss depends on. Every other node
-(the backward and the update) that reads a forward activation normally keeps that
-activation alive from the forward pass until the backward uses it. ``rematerialize``
-keeps only the ``keep`` nodes (and the inputs) alive that long: each other forward
-value a backward node reads is recomputed from the kept ones, by copies of its
-forward nodes placed just before the first backward node that needs it. The copies
-are the same ops on the same values, so the gradients are bitwise unchanged.
-
-Example: for ``h1 = layer(x); h2 = layer(h1); loss = f(h2)`` with ``keep=[h1, h2]``,
-the pre-activations inside each layer are recomputed during the backward pass
-instead of being held from the forward pass. Checkpoints bound how much is recomputed
-at once: with ``keep=[]`` the whole forward is recomputed in one go and nothing is saved.
-Measured on a 6-layer residual GELU MLP (tests/autodiff/test_remat.py): keeping every
-layer's output cuts the peak held bytes from 57 kB to 37 kB for 12 extra nodes.
+The pass itself works on node ids and lives in ir/remat.py, where the planner uses it
+too (plan/rematerialise.py applies it when activations do not fit); this takes the
+frontend's Tensors as well as ids.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Iterable
 
 from einsummable.frontend.tensor import Tensor
-from einsummable.ir.dtypes import itemsize
-from einsummable.ir.graph import EinGraph, InputNode
+from einsummable.ir import remat
+from einsummable.ir.graph import EinGraph
+from einsummable.ir.remat import peak_bytes
+
+__all__ = ["peak_bytes", "rematerialize"]
 
 
 def rematerialize(graph: EinGraph, loss: int | Tensor, keep: Iterable[int | Tensor]) -> EinGraph:
     """A new graph computing the same outputs, recomputing un-kept activations for the backward."""
-    loss_id = _id(loss)
-    kept = {_id(k) for k in keep}
-    forward = graph.live(roots=[loss_id])
-    out = EinGraph()
-    moved: dict[int, int] = {}  # original id -> id in out
-    copies: dict[int, int] = {}  # recomputed forward id -> id of its copy in out
-
-    def recomputable(nid: int) -> bool:
-        return forward[nid] and nid not in kept and not isinstance(graph.nodes[nid], InputNode)
-
-    def copy(root: int) -> None:
-        stack = [root]
-        while stack:
-            nid = stack[-1]
-            if nid in copies:
-                stack.pop()
-                continue
-            todo = [i for i in graph.nodes[nid].inputs if recomputable(i) and i not in copies]
-            if todo:
-                stack.extend(todo)
-                continue
-            stack.pop()
-            inputs = tuple(copies[i] if recomputable(i) else moved[i] for i in graph.nodes[nid].inputs)
-            copies[nid] = out.add(dataclasses.replace(graph.nodes[nid], inputs=inputs))
-
-    for nid, node in enumerate(graph.nodes):
-        if forward[nid]:
-            inputs = tuple(moved[i] for i in node.inputs)
-        else:
-            for i in node.inputs:
-                if recomputable(i):
-                    copy(i)
-            inputs = tuple(copies[i] if recomputable(i) else moved[i] for i in node.inputs)
-        moved[nid] = out.add(dataclasses.replace(node, inputs=inputs))
-    for name, nid in graph.outputs.items():
-        out.set_output(name, moved[nid])
-    out.class_ids = list(graph.class_ids)
-    return out
-
-
-def peak_bytes(graph: EinGraph) -> int:
-    """Peak bytes of computed values held when nodes run in id order and each value is
-    freed after its last use (as the reference engine does); inputs are not counted."""
-    live = graph.live()
-    last_use = {}
-    for nid, node in enumerate(graph.nodes):
-        if live[nid]:
-            for i in node.inputs:
-                last_use[i] = nid
-    for nid in graph.outputs.values():
-        last_use[nid] = len(graph.nodes)
-    held, peak = 0, 0
-    frees: dict[int, list[int]] = {}
-    for nid, node in enumerate(graph.nodes):
-        if not live[nid] or isinstance(node, InputNode):
-            continue
-        size = itemsize(node.dtype) * math.prod(node.shape)
-        held += size
-        peak = max(peak, held)
-        frees.setdefault(last_use.get(nid, nid), []).append(size)
-        for freed in frees.pop(nid, []):
-            held -= freed
-    return peak
+    return remat.rematerialize(graph, _id(loss), [_id(k) for k in keep])
 
 
 def _id(t: int | Tensor) -> int:

@@ -184,7 +184,7 @@ def _by_sum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:
             d = replace(d, join, Input(n + 1))
         return scalar.simplify(call("mul", gexpr, _conj(d, op)))
 
-    return _per_operand(fw, op, wants, operands, grad_expr)
+    return _per_operand(fw, op, wants, operands, grad_expr, _names(fw, nid))
 
 
 def _by_extremum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads:
@@ -199,11 +199,12 @@ def _by_extremum(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grad
     wide = "f32" if op.dtype in HALF else op.dtype
     count_op = Einsummable(op.join_shape, (*op.inputs, _out(op)), op.out_rank,
                            Cast(wide, call("where", hit, ONE, ZERO)), "add", (*op.dtypes, y.dtype))
-    count = apply(count_op, [t for t, _ in xs] + [y])
+    count = _named(apply(count_op, [t for t, _ in xs] + [y]), _names(fw, nid))
     operands = [*xs, (y, _out(op)), (count, _out(op)), (g, _out(op))]
     share = call("div", _as(wide, _cot_expr(g, n + 2), op.dtype), Input(n + 1))
     return _per_operand(fw, op, wants, operands,
-                        lambda d: call("mul", share, call("where", hit, _as(wide, d, op.dtype), ZERO)))
+                        lambda d: call("mul", share, call("where", hit, _as(wide, d, op.dtype), ZERO)),
+                        _names(fw, nid))
 
 
 def _as(dtype: str, e: Expr, was: str) -> Expr:
@@ -221,7 +222,7 @@ def _by_product(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads
     prod_op = Einsummable(op.join_shape, op.inputs, op.out_rank, nonzero, "mul", op.dtypes)
     zeros_op = Einsummable(op.join_shape, op.inputs, op.out_rank,
                            Cast(real_of(op.dtype), call("where", is_zero, ONE, ZERO)), "add", op.dtypes)
-    prod, zeros = apply(prod_op, tensors), apply(zeros_op, tensors)
+    prod, zeros = (_named(apply(o, tensors), _names(fw, nid)) for o in (prod_op, zeros_op))
     operands = [*xs, (prod, _out(op)), (zeros, _out(op)), (g, _out(op))]
     p, nz = Input(n), Input(n + 1)
     # The product of the other factors: P / J with no zero, P at the only zero, else 0.
@@ -232,20 +233,33 @@ def _by_product(fw: Forward, nid: int, g: Cot, wants: tuple[bool, ...]) -> Grads
     )
     gexpr = _cot_expr(g, n + 2)
     return _per_operand(fw, op, wants, operands,
-                        lambda d: call("mul", gexpr, _conj(call("mul", others, d), op)))
+                        lambda d: call("mul", gexpr, _conj(call("mul", others, d), op)), _names(fw, nid))
 
 
 def _per_operand(fw: Forward, op: Einsummable, wants: tuple[bool, ...], operands: list,
-                 grad_expr: Callable[[Expr], Expr]) -> Grads:
+                 grad_expr: Callable[[Expr], Expr], names: str | None) -> Grads:
     """Each wanted operand's gradient: ``grad_expr(dJ/dxi)`` contracted onto its indices
     (None where it is not wanted or the join does not depend on it)."""
     grads: list[Cot | None] = []
     for i in range(len(op.inputs)):
         d = _partial(op, i)
         wanted = wants[i] and d != ZERO
-        grads.append(_contract(fw, op, grad_expr(d), operands, op.inputs[i], op.dtypes[i]) if wanted
+        grads.append(_contract(fw, op, grad_expr(d), operands, op.inputs[i], op.dtypes[i], names) if wanted
                      else None)
     return tuple(grads)
+
+
+def _names(fw: Forward, nid: int) -> str | None:
+    """The user's index letters of forward node nid, in its join-space order, if kept."""
+    return fw.graph.ir.index_names.get(nid)
+
+
+def _named(t: Tensor, names: str | None) -> Tensor:
+    """t, its einsum named by ``names`` (join-space order), so the report shows the user's letters."""
+    nid = t.node.inputs[0] if isinstance(t.node, Formation) else t.id  # a sum's einsum, before its formation
+    if names is not None and isinstance(t.graph.ir.nodes[nid], EinsumNode):
+        t.graph.ir.index_names[nid] = names
+    return t
 
 
 AGG_VJP: dict[str | None, Rule] = {
@@ -310,7 +324,7 @@ def _check_holomorphic(op: Einsummable, nid: int) -> None:
 
 
 def _contract(fw: Forward, op: Einsummable, expr: Expr, operands: list[tuple[Cot, tuple[int, ...]]],
-              target: tuple[int, ...], dtype: str) -> Cot:
+              target: tuple[int, ...], dtype: str, names: str | None = None) -> Cot:
     """Sum ``expr`` over the join indices of ``op`` outside ``target``; the result has ``target``'s order.
 
     ``operands`` pairs each input of ``expr`` with its indices in the join space. Those
@@ -349,7 +363,7 @@ def _contract(fw: Forward, op: Einsummable, expr: Expr, operands: list[tuple[Cot
     back = Einsummable(tuple(op.join_shape[k] for k in order), indices, len(target), expr, agg, dtypes)
     if len(kept) == 1 and expr == Input(0) and back.agg is None and back.inputs[0] == _out(back):
         return kept[0][0]
-    return apply(back, [t for t, _ in kept])
+    return _named(apply(back, [t for t, _ in kept]), names and "".join(names[k] for k in order))
 
 
 def _convert(e: Expr, src: str, dst: str) -> Expr:

@@ -261,10 +261,7 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
     rank = [0.0] * n
     for t in reversed(range(n)):
         rank[t] = dur[t] + max((rank[u] for u in users[t]), default=0.0)
-    readers = [len(u) for u in users]
-    for out in tg.outputs.values():
-        for t, _ in out.blocks:
-            readers[t] += 1 << 40  # outputs are never freed
+    held, owner, readers = _aliases(tg, users, nbytes)
 
     pending = [len(ins) for ins in inputs]
     finish = [0.0] * n
@@ -280,13 +277,17 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
     in_ports = [_Port() for _ in range(machines)]
     xfer_end = [0.0] * n
     live = [0] * machines
-    peak = [0] * machines
+    for t, task in enumerate(tg.tasks):
+        if isinstance(task, InputTask):  # the feeds are there from the start
+            live[loc[t] // cores] += held[t]
+            held[t] = 0
+    peak = list(live)
     busy = [0.0] * workers
     latency = cluster.latency_across
 
     def begin(t: int, now: float) -> None:
         m = loc[t] // cores
-        live[m] += nbytes[t]
+        live[m] += held[t]
         if live[m] > peak[m]:
             peak[m] = live[m]
         heapq.heappush(events, (now + dur[t], t))
@@ -321,7 +322,7 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
         out.book(go, dur[t], t)
         into.book(go, dur[t], t)
         end = xfer_end[t] = go + dur[t]
-        live[in_m] += nbytes[t]
+        live[in_m] += held[t]
         peak[in_m] = max(peak[in_m], live[in_m])
         heapq.heappush(events, (end + latency, t))
 
@@ -333,6 +334,11 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
         now, t = heapq.heappop(events)
         finish[t] = now
         done += 1
+        for i in inputs[t]:  # freed before the next task on this core takes memory
+            o = owner[i]
+            readers[o] -= 1
+            if not readers[o]:
+                live[loc[o] // cores] -= held[o]
         for u in users[t]:
             pending[u] -= 1
             if not pending[u]:
@@ -342,10 +348,6 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
             idle[w] = True
             if ready[w]:
                 start_core(w, now)
-        for i in inputs[t]:
-            readers[i] -= 1
-            if not readers[i]:
-                live[loc[i] // cores] -= nbytes[i]
     if done != n:
         raise SimulationError(f"only {done} of {n} tasks could run: a cycle, or an input id out of order")
     sim = _report(tg, cluster, finish, xfer_end, prev, waited, is_move, across, busy, peak, nbytes)
@@ -354,6 +356,31 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
     end[sent] = np.array(xfer_end)[sent]
     return replace(sim, timeline=np.stack([end - np.array(dur), np.array(finish)], axis=1) if n else
                    np.zeros((0, 2)))
+
+
+def _aliases(tg: TaskGraph, users: list[list[int]],
+             nbytes: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Bytes each task holds, the task that owns its memory, and each owner's readers.
+
+    A move inside a machine and a view alias their source (the cores share memory, as
+    in the local engine), so they hold nothing and their readers keep the source alive.
+    Input blocks are the feeds, which the caller holds all step (``run`` counts them from
+    the start); outputs live to the end."""
+    n, cores = len(tg.tasks), tg.cores
+    owner = list(range(n))
+    held = list(nbytes)
+    readers = [len(u) for u in users]
+    for t, task in enumerate(tg.tasks):
+        within = isinstance(task, MoveTask) and task.src // cores == task.loc // cores
+        if within or isinstance(task, ViewTask):
+            o = owner[t] = owner[task.inputs[0]]
+            held[t] = 0
+            readers[o] += readers[t]
+    pinned = [t for out in tg.outputs.values() for t, _ in out.blocks]
+    pinned += [t for t, task in enumerate(tg.tasks) if isinstance(task, InputTask)]
+    for t in pinned:
+        readers[owner[t]] += 1 << 40  # never freed
+    return held, owner, readers
 
 
 def _durations(tg: TaskGraph, cluster: Cluster, nbytes: list[int]) -> list[float]:

@@ -336,10 +336,13 @@ class EinGraph:
         # einsum node id -> the user's index letters in join-space order (out, then summed):
         # for display only, so ops and their equality never depend on them
         self.index_names: dict[int, str] = {}
+        self._inputs: dict[str, int] = {}  # names added so far: a new input's is checked in O(1)
 
     def add(self, node: Node) -> int:
         self._check_node(len(self.nodes), node)
         self.nodes.append(node)
+        if isinstance(node, InputNode):
+            self._inputs[node.name] = len(self.nodes) - 1
         return len(self.nodes) - 1
 
     def _check_node(self, nid: int, node: Node) -> None:
@@ -354,7 +357,7 @@ class EinGraph:
                     f"%{nid} ({node.describe()}) reads %{i}, a partial aggregation; "
                     "insert a formation between them"
                 )
-        if isinstance(node, InputNode) and node.name in self.input_ids():
+        if isinstance(node, InputNode) and node.name in self._inputs:
             raise GraphError(f"two inputs are named {node.name!r}")
         node.check(self)
 

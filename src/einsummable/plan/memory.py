@@ -1,31 +1,36 @@
-"""Peak memory of one machine under a plan, estimated from the graph order.
+"""Peak memory of one machine under a plan, taken from the order in which the engines run.
 
 A machine is the unit of memory: its cores share one copy of every block it holds.
-Given each node's block counts across machines (``cm``), a machine holds
-``bytes / (machine blocks of the output)`` of a node (a partial sum: its piece of
-one output block). Lifetimes follow the node order, which is the order a program
-is written and run:
-- graph inputs (parameters, optimizer state, data) are held for the whole step;
-- every other value is held from the node that makes it to its last reader, and a
-  graph output (gradients, new state) to the end of the step;
-- views (reshapes, complex views, the formation of a finished value) hold nothing
-  of their own; fills are rebuilt where read;
-- while a node runs, the operand pieces it needs that are laid out otherwise
-  across machines are *transient* copies (a gathered weight, a repartitioned
-  activation), freed when it ends: the ZeRO-3 / FSDP discipline of gathering a
-  shard per use.
+Given each node's block counts across machines (``cm``) and, once chosen, within a
+machine (``cc``), a machine holds ``bytes / (machine blocks of the output)`` of a node,
+times the partial sums its cores keep of it. The rules follow the lowering and the
+engines, and are checked against the simulator (tests/plan/test_memory_estimate.py):
+- order: nodes run in the engines' order, the longest chain of work after them first
+  (``engine_order``), so a value nothing waits on (a weight's gradient, the loss) runs
+  late and what it reads is held until then;
+- graph inputs (parameters, optimizer state, data) are held for the whole step; every
+  other value from the node that makes it to its last reader, a graph output to the end;
+- views (reshapes, complex views, the formation of a finished value or of a sum no
+  block splits) hold nothing and keep their source alive; fills are rebuilt where read;
+- an operand laid out otherwise than its reader needs is copied: across machines the
+  part another machine holds, within a machine a block assembled from several. The
+  lowering makes one copy per value and layout for all its readers, and the engines make
+  it as soon as they can, so it lives from its value's making (an input's: the step's
+  start) to its last reader. A gathered FSDP weight is thus held, not freed per use.
 
 The figure is for the busiest machine, assuming every machine holds an equal share
 (whole values count on every machine that may hold them). ``replicated=True``
 counts every graph input and output whole on each machine, as data parallelism
 keeps a full replica of parameters, gradients and optimizer state.
 
-Example: a 1 GiB weight split 4 ways across machines counts 256 MiB on each; its
-gathered copy counts 1 GiB on each machine, only while its reader runs.
+Example: a 1 GiB weight split 4 ways across machines counts 256 MiB on each; a reader
+that needs it whole adds the other 768 MiB on each machine from the start of the step
+to that reader.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,11 +55,14 @@ class Memory:
     at: int  # the node running at the peak
 
     def describe(self) -> str:
-        gib = 2**30
-        return (f"{self.peak / gib:.1f} GiB = inputs {self.inputs / gib:.1f}"
-                f" + outputs {self.outputs / gib:.1f}"
-                f" + activations {self.activations / gib:.1f} + transient {self.transient / gib:.1f}"
+        return (f"{gib(self.peak)} GiB = inputs {gib(self.inputs)} + outputs {gib(self.outputs)}"
+                f" + activations {gib(self.activations)} + transient {gib(self.transient)}"
                 f" (at node %{self.at})")
+
+
+def gib(n: float) -> str:
+    """Bytes in GiB to three significant digits, never in exponent form: 0.0107, 27.3, 532."""
+    return np.format_float_positional(n / 2**30, precision=3, fractional=False, trim="-")
 
 
 def holds_nothing(g: EinGraph, sps: Sequence[Space], v: int) -> bool:
@@ -65,57 +73,118 @@ def holds_nothing(g: EinGraph, sps: Sequence[Space], v: int) -> bool:
     return isinstance(node, Formation) and not sps[node.inputs[0]].aggregated
 
 
-def shares(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts]) -> np.ndarray:
-    """Bytes of each node's output on one machine that holds a block of it."""
+def formed_in_place(g: EinGraph, sps: Sequence[Space], counts: Sequence[Counts], v: int) -> bool:
+    """A formation of a sum that no block splits, laid out as its einsum's output: the
+    lowering hands on the einsum's blocks, so it holds nothing of its own."""
+    node = g.nodes[v]
+    if not isinstance(node, Formation):
+        return False
+    u = node.inputs[0]
+    return (all(counts[u][d] == 1 for d in sps[u].aggregated)
+            and tuple(counts[v]) == tuple(counts[u][d] for d in sps[u].out_dims))
+
+
+def shares(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts],
+           cc: Sequence[Counts] | None = None) -> np.ndarray:
+    """Bytes of each node's output on one machine that holds a block of it. With the
+    counts within a machine (``cc``), a sum split across its cores holds one partial
+    sum per core block of the summed dimensions."""
+    full = cm if cc is None else [tuple(a * b for a, b in zip(x, y, strict=True))
+                                  for x, y in zip(cm, cc, strict=True)]
     out = np.zeros(len(g.nodes))
     for v, (node, sp) in enumerate(zip(g.nodes, sps, strict=True)):
-        if not holds_nothing(g, sps, v):
-            out[v] = nbytes(node) / math.prod(cm[v][d] for d in sp.out_dims)
+        if holds_nothing(g, sps, v) or formed_in_place(g, sps, full, v):
+            continue
+        partials = 1 if cc is None else math.prod(cc[v][d] for d in sp.aggregated)
+        out[v] = nbytes(node) / math.prod(cm[v][d] for d in sp.out_dims) * partials
     return out
 
 
-def transient(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], v: int) -> float:
-    """Operand pieces node v needs on one machine that its producers lay out differently."""
-    total = 0.0
-    sp = sps[v]
-    seen: set[int] = set()
-    for k, u in enumerate(g.nodes[v].inputs):
-        if u in seen or isinstance(g.nodes[u], Fill) or k >= len(sp.operands):
+def gathered(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequence[bool],
+             cc: Sequence[Counts] | None = None, cores: int = 1) -> list[tuple[int, list[int], float]]:
+    """Operand copies a machine makes for readers laid out otherwise than the value they
+    read: the value, the readers of each copy and its bytes on one machine.
+
+    Across machines, a reader's piece held by another machine crosses once and is kept
+    (a gathered weight, a repartitioned activation). Within a machine (``cc`` given), a
+    core block that needs pieces of several blocks assembles them into a block of its
+    own, one per core that needs it; one that lies inside a held block is a view. The
+    lowering makes each copy once and hands it to every reader of that layout, and the
+    engines make it as soon as the value is there (they rank it by its readers' critical
+    path), so a copy lives from the value's making to its last reader: a gathered
+    weight from the start of the step.
+    """
+    copies: dict[tuple, tuple[int, list[int], float]] = {}
+
+    def add(key: tuple, v: int, size: float) -> None:
+        _, readers, _ = copies.setdefault(key, (key[0], [], size))
+        if readers[-1:] != [v]:
+            readers.append(v)
+
+    for v, node in enumerate(g.nodes):
+        if not live[v] or isinstance(node, InputNode | Formation):  # a formation's copy is its value
             continue
-        seen.add(u)
-        need = tuple(cm[v][d] if d is not None else 1 for d in sp.operands[k])
-        have = tuple(cm[u][d] for d in sps[u].out_dims)
-        if need != have:
-            total += nbytes(g.nodes[u]) / math.prod(need)
-    return total
+        sp = sps[v]
+        for k, u in enumerate(node.inputs):
+            if isinstance(g.nodes[u], Fill) or k >= len(sp.operands):
+                continue
+            dims = sp.operands[k]
+            need = tuple(cm[v][d] if d is not None else 1 for d in dims)
+            piece = nbytes(g.nodes[u]) / math.prod(need)
+            have = tuple(cm[u][d] for d in sps[u].out_dims)
+            if need != have:  # a gather brings the other machines' part; else assume it all crosses
+                coarser = all(n <= h for n, h in zip(need, have, strict=True))
+                add((u, need), v, piece * (1 - math.prod(need) / math.prod(have) if coarser else 1))
+            if cc is None:
+                continue
+            inner = tuple(a * (cc[v][d] if d is not None else 1) for a, d in zip(need, dims, strict=True))
+            held = tuple(cm[u][d] * cc[u][d] for d in sps[u].out_dims)
+            if any(n % h for n, h in zip(inner, held, strict=True)):
+                boxes = math.prod(cc[v][d] for d in dims if d is not None)
+                readers = math.prod(cc[v]) // boxes
+                add((u, inner), v, piece * min(readers, max(1, cores // boxes)))
+    return list(copies.values())
 
 
 def estimate(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequence[bool],
-             replicated: bool = False) -> Memory:
-    """The peak of one machine holding an equal share of every node laid out by ``cm``."""
-    size = shares(g, sps, cm)
-    if replicated:
+             replicated: bool = False, cc: Sequence[Counts] | None = None, cores: int = 1) -> Memory:
+    """The peak of one machine holding an equal share of every node laid out by ``cm``
+    (and, when given, ``cc`` over its ``cores``)."""
+    size = shares(g, sps, cm, cc)
+    copies = gathered(g, sps, cm, live, cc, cores)
+    if replicated:  # whole state on every machine, which its readers need not gather
         whole = np.array([float(nbytes(node)) for node in g.nodes])
         state = _inputs(g) | _outputs(g)
         size = np.where(state & (size > 0), whole, size)
-    extra = np.array([transient(g, sps, cm, v) if live[v] and not isinstance(g.nodes[v], InputNode) else 0.0
-                      for v in range(len(g.nodes))])
-    return peak(g, sps, live, size[:, None], extra[:, None])
+        copies = [c for c in copies if not state[c[0]]]
+    return peak(g, sps, live, size[:, None], copies)
 
 
 def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarray,
-         extra: np.ndarray) -> Memory:
-    """The busiest machine's peak, given [nodes, machines] bytes held and transient per node."""
+         copies: Sequence[tuple[int, list[int], float]] = ()) -> Memory:
+    """The busiest machine's peak, given [nodes, machines] bytes held, and operand copies
+    (the value copied, its readers and bytes on every machine) held from the value's
+    making to the last reader."""
     n = len(g.nodes)
     if not n:
         return Memory(0.0, 0.0, 0.0, 0.0, 0.0, 0)
     is_input, is_output = _inputs(g), _outputs(g)
-    start, end = _spans(g, sps, live)
+    order = engine_order(g, sps, live)
+    alias = [holds_nothing(g, sps, v) or (isinstance(node, Formation) and not size[v].any())
+             for v, node in enumerate(g.nodes)]
+    start, end = _spans(g, live, order, alias)
     size = np.where(np.array(live)[:, None], size, 0.0)
     delta = np.zeros((n + 1, size.shape[1]))
     np.add.at(delta, start, size)
     np.add.at(delta, end + 1, -size)
-    total = np.cumsum(delta, axis=0)[:n] + extra
+    held = np.cumsum(delta, axis=0)[:n]
+    moved = np.zeros(n + 1)
+    for u, readers, b in copies:
+        steps = start[readers]
+        moved[0 if is_input[u] else steps.min()] += b
+        moved[steps.max() + 1] -= b
+    moved = np.cumsum(moved)[:n]
+    total = held + moved[:, None]
     t, m = np.unravel_index(int(np.argmax(total)), total.shape)
     alive = (start <= t) & (end >= t)
     col = size[:, m]
@@ -124,9 +193,41 @@ def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarr
         inputs=float(col[alive & is_input].sum()),
         outputs=float(col[alive & is_output & ~is_input].sum()),
         activations=float(col[alive & ~is_input & ~is_output].sum()),
-        transient=float(extra[t, m]),
-        at=int(t),
+        transient=float(moved[t]),
+        at=int(order[t]),
     )
+
+
+def engine_order(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> np.ndarray:
+    """Node ids in the order the engines run them when one core has work waiting: of the
+    ready nodes, the one with the longest chain of work after it first, ties by id (the
+    critical-path rank of engines/scheduler.py and the simulator). Work is flops plus
+    bytes written. Unlike id order, this runs a value nothing waits on (a weight's
+    gradient, the loss) late, so what it reads is held longer. Dead nodes go last."""
+    n = len(g.nodes)
+    users: list[list[int]] = [[] for _ in range(n)]
+    pending = [0] * n
+    for v, node in enumerate(g.nodes):
+        if live[v]:
+            for u in node.inputs:
+                users[u].append(v)
+            pending[v] = len(node.inputs)
+    rank = [0.0] * n
+    for v in reversed(range(n)):
+        if live[v]:
+            rank[v] = sps[v].flops + nbytes(g.nodes[v]) + max((rank[u] for u in users[v]), default=0.0)
+    ready = [(-rank[v], v) for v in range(n) if live[v] and not pending[v]]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, v = heapq.heappop(ready)
+        out.append(v)
+        for u in users[v]:
+            pending[u] -= 1
+            if not pending[u]:
+                heapq.heappush(ready, (-rank[u], u))
+    out += [v for v in range(n) if not live[v]]
+    return np.array(out, dtype=np.int64)
 
 
 def _inputs(g: EinGraph) -> np.ndarray:
@@ -139,20 +240,23 @@ def _outputs(g: EinGraph) -> np.ndarray:
     return out
 
 
-def _spans(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
-    """First and last node during which each node's output is held."""
+def _spans(g: EinGraph, live: Sequence[bool], order: np.ndarray,
+           alias: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """First and last step (position in ``order``) during which each node's output is held;
+    an ``alias`` (a view, a formation in place) holds its source instead."""
     n = len(g.nodes)
     is_input, is_output = _inputs(g), _outputs(g)
-    start = np.arange(n)
-    end = np.arange(n)
+    start = np.empty(n, dtype=np.int64)
+    start[order] = np.arange(n)
+    end = start.copy()
     for v, node in enumerate(g.nodes):
         if live[v]:
             for u in node.inputs:
-                end[u] = max(end[u], v)
+                end[u] = max(end[u], start[v])
     end[is_output] = n - 1
     # a view keeps its source alive for as long as the view is read
     for v in reversed(range(n)):
-        if live[v] and holds_nothing(g, sps, v):
+        if live[v] and alias[v]:
             for u in g.nodes[v].inputs:
                 end[u] = max(end[u], end[v])
     start[is_input] = 0
@@ -162,5 +266,6 @@ def _spans(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> tuple[np.
 
 def lifetimes(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> np.ndarray:
     """Each node's share of the step it is held (1.0: all of it), for the planner's penalty."""
-    start, end = _spans(g, sps, live)
+    alias = [holds_nothing(g, sps, v) for v in range(len(g.nodes))]
+    start, end = _spans(g, live, engine_order(g, sps, live), alias)
     return (end - start + 1) / max(len(g.nodes), 1)

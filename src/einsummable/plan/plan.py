@@ -16,7 +16,7 @@ import numpy as np
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation
-from einsummable.plan.memory import holds_nothing, peak
+from einsummable.plan.memory import formed_in_place, gathered, holds_nothing, peak
 from einsummable.plan.partition import Partition
 from einsummable.plan.placement import place
 from einsummable.plan.space import Space, nbytes, spaces
@@ -24,6 +24,7 @@ from einsummable.plan.summary import Summary, critical_path
 from einsummable.plan.traffic import block_indices
 
 if TYPE_CHECKING:
+    from einsummable.plan.remat import Remat
     from einsummable.plan.twolevel import TwoLevel
 
 
@@ -42,6 +43,7 @@ class Plan:
     others: Callable[[], tuple[tuple[str, Summary], ...]] | None = field(default=None, repr=False)
     free_formations: bool = False  # see check_plan
     levels: TwoLevel | None = None  # a two-level plan's counts across machines and within one
+    remat: Remat | None = None  # what recomputation did to ``graph`` to make it fit (plan/remat.py)
 
     @functools.cached_property
     def locs(self) -> tuple[tuple[int, ...], ...]:
@@ -92,11 +94,13 @@ def build(
     placed = place(g, sps, parts, cluster, live)
     check_locs(g, parts, cluster, placed.locs)  # the partitions were checked above
     held = np.zeros((len(g.nodes), cluster.machines))
+    counts = [p.counts for p in parts]
     for v, node in enumerate(g.nodes):
-        if not holds_nothing(g, sps, v):
+        if not holds_nothing(g, sps, v) and not formed_in_place(g, sps, counts, v):
             sizes = nbytes(node) * _out_share(sps[v], parts[v])
             np.add.at(held[v], np.array(placed.locs[v], dtype=np.int64) // cluster.cores, sizes)
-    memory = peak(g, sps, live, held, np.zeros_like(held))
+    ones = [(1,) * len(c) for c in counts]  # one machine's view: its copies are within it
+    memory = peak(g, sps, live, held, gathered(g, sps, ones, live, counts, cluster.cores))
     nic = float(placed.nic_in.max())
     compute = max(float(placed.seconds.max()), critical_path(g, live, [p.num_blocks for p in parts], cluster))
     summary = Summary(placed.flops, placed.within, placed.across, model_bytes, compute,

@@ -8,18 +8,21 @@
 One machine: the one-level search of eindecomp.py over its cores, placed by list
 scheduling (placement.py). Several machines: the two-level search of twolevel.py,
 laid out machine-major. Either way the plan must fit ``memory_per_machine``
-(memory.py), or PlanError says what the smallest plan found needs.
+(memory.py); when it does not, saved activations are recomputed in the backward
+(remat.py) and the graph planned again, or PlanError says what the smallest plan
+found needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 
-from einsummable.errors import PlanError
+from einsummable.errors import PlanError, PlanMemoryError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation
-from einsummable.plan import baselines, eindecomp, figures, twolevel
+from einsummable.plan import baselines, eindecomp, figures, remat, twolevel
 from einsummable.plan.cost import CostModel
 from einsummable.plan.memory import estimate
 from einsummable.plan.partition import Partition
@@ -59,16 +62,17 @@ def make_plan(g: EinGraph, cluster: Cluster, planner: str = "eindecomp", compare
     ``progress`` is called before each planner and once at the end, the baselines included."""
     if planner not in PLANNERS:
         raise PlanError(f"unknown planner {planner!r}; expected one of {list(PLANNERS)}")
-    total = len(PLANNERS) if compare else 1
     tick = progress or _quiet
-    tick(0, total, planner)
-    plan = _plan(g, cluster, planner, check_memory)
+    tick(0, len(PLANNERS) if compare else 1, planner)
+    try:
+        plan = _plan(g, cluster, planner, check_memory)
+    except PlanMemoryError as err:  # the activations may fit when recomputed in the backward
+        plan, how = remat.replan(g, cluster, err, lambda graph: _plan(graph, cluster, planner, check_memory))
+        plan = replace(plan, remat=how)
     if not compare:
         tick(1, 1, "")
         return plan
-    others = partial(_others, g, cluster, planner, tick)
-    return Plan(g, cluster, planner, plan.spaces, plan.parts, plan.summary, plan.where, others,
-                plan.free_formations, plan.levels)
+    return replace(plan, others=partial(_others, plan.graph, cluster, planner, tick))
 
 
 def _quiet(done: int, total: int, name: str) -> None:
@@ -94,9 +98,8 @@ def _plan(g: EinGraph, cluster: Cluster, planner: str, check_memory: bool) -> Pl
     plan = build(g, cluster, partitions(sps, counts), planner, model.evaluate(counts, live), sps, live)
     memory = plan.summary.memory
     if check_memory and memory is not None and memory.peak > cluster.memory_per_machine:
-        raise PlanError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} GiB on "
-                        f"one "
-                        f"machine: it needs {memory.describe()}; add machines or memory")
+        raise PlanMemoryError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} GiB "
+                              f"on one machine: it needs {memory.describe()}; add machines or memory", memory)
     return plan
 
 
@@ -115,9 +118,10 @@ def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: C
         tl = twolevel.expert(planner, g, sps, outer, live, cluster)
         memory = estimate(g, outer, tl.cm, live, replicated=planner in baselines.REPLICATED)
         if check_memory and memory.peak > cluster.memory_per_machine:
-            raise PlanError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} GiB "
-                            f"per "
-                            f"machine on {cluster}: it needs {memory.describe()}")
+            raise PlanMemoryError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} "
+                                  f"GiB per machine on {cluster}: it needs {memory.describe()}", memory)
+    # the partial sums of the cores' blocks count too, now that they are chosen
+    memory = estimate(g, outer, tl.cm, live, planner in baselines.REPLICATED, tl.cc, cluster.cores)
     isps, isize = twolevel.inner(g, outer, tl.cm)
     inner_model = CostModel(g, isps, cluster.cores, cluster, live, node_bytes=isize)
     within = inner_model.evaluate(tl.cc, live) * cluster.machines

@@ -139,6 +139,8 @@ def table(plan) -> list[str]:
     s = plan.summary
     out.append(f"  memory per machine: {human(plan.cluster.memory_per_machine)}")
     out.append(f"  {plan.planner} peak " + (_memory(s.memory) if s.memory is not None else "unknown"))
+    if plan.remat is not None:
+        out.append(f"  {plan.remat.describe(s.memory)}")
     out.append(f"  binding constraint of {plan.planner}: {s.binding}")
     out.append("  across, within = bytes moved between machines, between the cores of one machine;"
                " peak = memory per machine")

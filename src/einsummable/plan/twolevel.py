@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from einsummable.errors import PlanError
+from einsummable.errors import PlanMemoryError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation, InputNode
 from einsummable.plan import baselines, eindecomp
@@ -178,9 +178,9 @@ def fit(g: EinGraph, outer: Sequence[Space], model: CostModel, cluster: Cluster,
     finally:
         model.unary = base
     assert best is not None
-    raise PlanError(
+    raise PlanMemoryError(
         f"no plan fits {cluster.memory_per_machine / 2**30:.1f} GiB per machine on {cluster}: the smallest "
-        f"peak found is {best[1].describe()}; add machines or memory, or rematerialise activations")
+        f"peak found is {best[1].describe()}; add machines or memory, or rematerialise activations", best[1])
 
 
 def _indices(model: CostModel, counts: Sequence[Counts]) -> list[int]:
