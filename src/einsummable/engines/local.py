@@ -74,6 +74,17 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def blas_threads(workers: int) -> int:
+    """BLAS threads per worker: all the process's cores for a lone worker (it runs inline),
+    else one, since several workers asking OpenBLAS for threads at once would queue on its one pool."""
+    return _cores() if workers == 1 else 1
+
+
+def blas_limit(workers: int):
+    """Hold BLAS to ``blas_threads(workers)`` while ``workers`` run (a context manager)."""
+    return _blas().limit(limits=blas_threads(workers), user_api="blas")
+
+
 def _input(task: InputTask):
     box = slices(task.box)
 
@@ -243,8 +254,7 @@ class LocalProgram:
         times = np.zeros((len(tasks), 2)) if trace is not None else None
         if times is not None:
             steps, origin = [_timed(step, times, i) for i, step in enumerate(steps)], time.perf_counter()
-        # several workers asking OpenBLAS for threads at once would queue on its one pool
-        with _blas().limit(limits=_cores() if self.tg.workers == 1 else 1, user_api="blas"):
+        with blas_limit(self.tg.workers):
             try:
                 values = scheduler.run(
                     self.inputs, lambda i, args: steps[i](args, feeds, variables), location=self.location,
