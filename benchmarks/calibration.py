@@ -1,4 +1,4 @@
-"""The simulator against the local engine: predicted and measured makespans on the workload suite.
+"""The simulator against the engines: predicted and measured makespans on the workload suite.
 
 For each worker count it measures this machine's rates with that many cores busy
 (``Cluster.measure``), writes them to ``calibration-<w>.json``, compiles every
@@ -6,11 +6,21 @@ workload of einsummable/workloads.py (sizes scaled to fit a 2-core box) for the 
 engine, and prints the simulator's prediction, the median of measured runs and
 their ratio. The aim is a ratio within 0.75..1.25.
 
-The box is shared, so each run also records its CPU share: process CPU time over
+At workers=1 the local engine gives its lone worker's BLAS all the process's cores;
+the cluster says so (``blas_threads``, set by ``Cluster.measure``) and the simulator
+spreads a GEMM over them. Without that the workers=1 rows read 1.9..2.1.
+
+``--engines ... ray`` adds the per-machine Ray engine on a simulated Ray cluster of
+2 nodes x 1 CPU (``ray.cluster_utils.Cluster``: this box's 2 cores as two machines):
+one machine actor with 2 cores (``ray 1x2``), and 2 machine actors of 1 core
+(``ray 2x1``, blocks crossing machines as ObjectRefs), both with the workers=2 rates.
+
+The box is shared, so each local run also records its CPU share: process CPU time over
 wall time × workers. A share well under 1 means other programs held our cores, and
 the measured time says more about them than about the model; such rows are flagged.
+(The Ray rows run in other processes; their share is not recorded.)
 
-    python benchmarks/calibration.py [--workers 1 2] [--repeats 3] [--scale 1.0] [--out DIR]
+    python benchmarks/calibration.py [--workers 1 2] [--engines local ray] [--repeats 3] [--scale 1.0]
 
 Measured here on a quiet moment (2 cores, OpenBLAS, medians of 5): every ratio within
 0.87..1.17 at workers 1 and 2. On a busy moment (another program holding a core) the
@@ -22,6 +32,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +66,8 @@ def feeds_for(g) -> dict[str, np.ndarray]:
     return out
 
 
-def measured(prog: es.Program, feeds: dict, repeats: int) -> tuple[float, float]:
-    """Median wall seconds, and the median share of the workers' cores the run got."""
+def measured(prog: es.Program, feeds: dict, repeats: int) -> tuple[float, float | None]:
+    """Median wall seconds, and the median share of the workers' cores the run got (local engine)."""
     prog.run(feeds)  # warm: kernels compiled, pages touched
     times, shares = [], []
     for _ in range(repeats):
@@ -65,38 +76,75 @@ def measured(prog: es.Program, feeds: dict, repeats: int) -> tuple[float, float]
         wall = time.perf_counter() - t0
         times.append(wall)
         shares.append((time.process_time() - c0) / (wall * prog.taskgraph.workers))
-    return statistics.median(times), statistics.median(shares)
+    return statistics.median(times), statistics.median(shares) if prog.engine == "local" else None
+
+
+def _ray_nodes():
+    """Two Ray nodes of 1 CPU each on this box, joined by this driver."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    return cluster
+
+
+def configs(workers: list[int], engines: list[str], out: Path) -> list[tuple[str, str, es.Cluster]]:
+    """(row label, engine, cluster) per configuration, with this machine's measured rates."""
+    rows, measured_at = [], {}
+    for w in sorted(set(workers) | ({2} if "ray" in engines else set())):
+        cluster = measured_at[w] = es.Cluster.measure(cores=w)
+        cluster.to_json(out / f"calibration-{w}.json")
+        print(f"workers={w}: GEMM {cluster.flops_per_core / 1e9:.1f} GFLOP/s/core x {cluster.blas_threads} "
+              f"BLAS thread(s), elementwise {cluster.elementwise_flops_per_core / 1e9:.2f} GFLOP/s/core, "
+              f"copy {cluster.copy_bandwidth / 1e9:.1f} GB/s/core", flush=True)
+    if "local" in engines:
+        rows += [(f"local {w}", "local", measured_at[w]) for w in workers]
+    if "ray" in engines:
+        two = measured_at[2]
+        rows += [("ray 1x2", "ray", two),
+                 ("ray 2x1", "ray", replace(two, machines=2, cores=1, blas_threads=1))]
+    return rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--engines", nargs="+", default=["local", "ray"], choices=["local", "ray"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the workload sizes")
     ap.add_argument("--out", default=".", help="where the calibrated cluster JSON files go")
     args = ap.parse_args()
     graphs = suite(args.scale)
+    ray_cluster = _ray_nodes() if "ray" in args.engines else None
     rows = []
-    for w in args.workers:
-        cluster = es.Cluster.measure(cores=w)
-        cluster.to_json(Path(args.out) / f"calibration-{w}.json")
-        print(f"workers={w}: GEMM {cluster.flops_per_core / 1e9:.1f} GFLOP/s/core, elementwise "
-              f"{cluster.elementwise_flops_per_core / 1e9:.2f} GFLOP/s/core, copy "
-              f"{cluster.copy_bandwidth / 1e9:.1f} GB/s/core", flush=True)
-        for name, g in graphs.items():
-            prog = es.compile(g, cluster=cluster)
-            predicted = prog.simulate().makespan
-            actual, share = measured(prog, feeds_for(g), args.repeats)
-            rows.append((name, w, len(prog.taskgraph), predicted, actual, share))
-            print(f"  {name:<16} {predicted * 1e3:9.1f} ms predicted {actual * 1e3:9.1f} ms measured "
-                  f"ratio {predicted / actual:5.2f} cpu share {share:.2f}", flush=True)
-    print("\n| workload | workers | tasks | predicted ms | measured ms | predicted/measured | cpu share |")
+    try:
+        for label, engine, cluster in configs(args.workers, args.engines, Path(args.out)):
+            print(label, flush=True)
+            for name, g in graphs.items():
+                prog = es.compile(g, cluster=cluster, engine=engine)
+                predicted = prog.simulate().makespan
+                actual, share = measured(prog, feeds_for(g), args.repeats)
+                rows.append((name, label, len(prog.taskgraph), predicted, actual, share))
+                shown = f" cpu share {share:.2f}" if share else ""
+                print(f"  {name:<16} {predicted * 1e3:9.1f} ms predicted {actual * 1e3:9.1f} ms measured "
+                      f"ratio {predicted / actual:5.2f}{shown}", flush=True)
+    finally:
+        if ray_cluster is not None:
+            import ray
+
+            ray.shutdown()
+            ray_cluster.shutdown()
+    print("\n| workload | engine | tasks | predicted ms | measured ms | predicted/measured | cpu share |")
     print("|" + "---|" * 7)
-    for name, w, n, p, m, share in rows:
+    for name, label, n, p, m, share in rows:
         flag = "" if 0.75 <= p / m <= 1.25 else " (outside 25%)"
-        starved = " (starved: cores shared)" if share < 0.85 else ""
-        print(f"| {name} | {w} | {n} | {p * 1e3:.1f} | {m * 1e3:.1f} | {p / m:.2f}{flag} "
-              f"| {share:.2f}{starved} |")
+        starved = " (starved: cores shared)" if share is not None and share < 0.85 else ""
+        shown = "" if share is None else f"{share:.2f}"
+        print(f"| {name} | {label} | {n} | {p * 1e3:.1f} | {m * 1e3:.1f} | {p / m:.2f}{flag} "
+              f"| {shown}{starved} |")
 
 
 if __name__ == "__main__":

@@ -74,15 +74,11 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def blas_threads(workers: int) -> int:
-    """BLAS threads per worker: all the process's cores for a lone worker (it runs inline),
-    else one, since several workers asking OpenBLAS for threads at once would queue on its one pool."""
-    return _cores() if workers == 1 else 1
-
-
-def blas_limit(workers: int):
-    """Hold BLAS to ``blas_threads(workers)`` while ``workers`` run (a context manager)."""
-    return _blas().limit(limits=blas_threads(workers), user_api="blas")
+def blas_limit(workers: int, cores: int | None = None):
+    """Hold BLAS, while ``workers`` run in this process, to all its ``cores`` (default: those it
+    may run on) for a lone worker, else to one thread: several workers asking OpenBLAS for
+    threads at once would queue on its one pool. The simulator's ``Cluster.blas_threads``."""
+    return _blas().limit(limits=(cores or _cores()) if workers == 1 else 1, user_api="blas")
 
 
 def _input(task: InputTask):

@@ -12,7 +12,8 @@ Where things live:
 - Inside an actor the local engine runs the machine's tasks: its step closures
   (``local.PREPARE``) on the shared dependency loop (``scheduler.run``), one thread
   per core of the plan (worker ``w`` is thread ``w % cores``) plus one that
-  receives, with BLAS held as the local engine holds it. Blocks live in the actor's
+  receives, with BLAS held as the local engine holds it (a machine of one core gets
+  its node's Ray CPUs, ``Cluster.blas_threads``). Blocks live in the actor's
   memory; a move between two cores of a machine is a view, as in the local engine,
   so a machine keeps one copy of what its cores share.
 - A move between machines: the producing actor slices its block and hands it to the

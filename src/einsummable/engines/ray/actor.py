@@ -96,9 +96,9 @@ class _Part:
     unfinished task of the whole graph can always run.
     """
 
-    def __init__(self, tg: TaskGraph, me: int, rank: list[float]) -> None:
+    def __init__(self, tg: TaskGraph, me: int, rank: list[float], cpus: int) -> None:
         cores, machine = tg.cores, tg.machine_of
-        self.cores = cores
+        self.cores, self.cpus = cores, cpus  # the plan's cores; the node's CPUs, for a lone worker's BLAS
         self.ids = [t for t, task in enumerate(tg.tasks) if machine(task.loc) == me
                     or (isinstance(task, MoveTask) and machine(task.src) == me)]
         self.index = {t: k for k, t in enumerate(self.ids)}
@@ -143,9 +143,10 @@ class Machine:
         self.peers: dict[str, list] = {}
         self.store: dict[tuple, np.ndarray] = {}
 
-    def setup(self, pid: str, program: tuple[TaskGraph, list[float]], me: int, peers: list) -> str:
+    def setup(self, pid: str, program: tuple[TaskGraph, list[float]], me: int, peers: list,
+              cpus: int) -> str:
         tg, rank = program
-        self.parts[pid] = _Part(tg, me, rank)
+        self.parts[pid] = _Part(tg, me, rank, cpus)
         self.peers[pid] = peers
         return ray.get_runtime_context().get_node_id()
 
@@ -185,7 +186,7 @@ class Machine:
             ctx.feeds = {name: Blocks(shape, dtype, {box: self._piece(ctx, source) for box, source in pieces})
                          for name, (shape, dtype, pieces) in feeds.items()}
             keep = {part.index[t] for t in fetch} | {part.index[t] for t, _ in carry}
-            with local.blas_limit(part.cores):
+            with local.blas_limit(part.cores, part.cpus):
                 values = scheduler.run(part.inputs, lambda i, args: part.steps[i](args, ctx),
                                        location=part.location, workers=part.cores + 1, keep=keep,
                                        rank=part.rank, describe=lambda i: part.describe[i])

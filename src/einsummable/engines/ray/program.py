@@ -102,7 +102,9 @@ class RayProgram:
         self.tg, self.timeout = tg, timeout
         self.machines = tg.workers // tg.cores
         self.pid = uuid.uuid4().hex[:12]
-        self.nodes = [n["NodeID"] for n in nodes(self.machines)]
+        hosts = nodes(self.machines)
+        self.nodes = [n["NodeID"] for n in hosts]
+        self.cpus = [int(n["Resources"]["CPU"]) for n in hosts]
         tasks = tg.tasks
         rank = scheduler.critical_path([t.inputs for t in tasks], [local.task_cost(t) for t in tasks])
         self._program = ray.put((tg, rank))
@@ -137,7 +139,8 @@ class RayProgram:
                     scheduling_strategy=NodeAffinitySchedulingStrategy(slot[1], soft=False)).remote()
             self.actors[m] = _ACTORS[slot]
             self.generation[m] += 1
-        calls = [self.actors[m].setup.remote(self.pid, self._program, m, self.actors) if m in self.lost
+        calls = [self.actors[m].setup.remote(self.pid, self._program, m, self.actors, self.cpus[m])
+                 if m in self.lost
                  else self.actors[m].set_peers.remote(self.pid, self.actors) for m in range(self.machines)]
         try:
             ray.get(calls, timeout=START_TIMEOUT)
