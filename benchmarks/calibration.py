@@ -84,8 +84,9 @@ def _ray_nodes():
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    cluster.add_node(num_cpus=1)
+    store = {"object_store_memory": 1 << 30}  # cluster_utils' default, 150 MB, spills a 128 MB output
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1} | store)
+    cluster.add_node(num_cpus=1, **store)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     return cluster

@@ -268,8 +268,9 @@ def _two_nodes():
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    cluster.add_node(num_cpus=2)
+    store = {"object_store_memory": 1 << 30}  # cluster_utils' default, 150 MB, spills to /tmp
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2} | store)
+    cluster.add_node(num_cpus=2, **store)
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
     return cluster
