@@ -1,6 +1,6 @@
 """The Ray engine on a simulated cluster of 2 nodes × 2 CPUs: results, sessions, faults.
 
-They run in the default ``python -m pytest`` (about 25 s); ``-m ray`` runs only them.
+They run in the default ``python -m pytest`` (about 40 s); ``-m ray`` runs only them.
 """
 
 import random
