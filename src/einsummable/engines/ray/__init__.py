@@ -17,10 +17,11 @@ Where things live:
   memory; a move between two cores of a machine is a view, as in the local engine,
   so a machine keeps one copy of what its cores share.
 - A move between machines: the producing actor slices its block and hands it to the
-  consuming actor directly (``deliver``), as an ObjectRef from ``ray.put`` (pulled
-  between nodes) or inline when under ``INLINE_BYTES``. The consumer ``ray.get``s it
-  when its receive thread reaches the move. The driver is in neither the data path
-  nor the control path of a move.
+  consuming actor directly, as the argument of an actor call (``deliver``): Ray inlines
+  a small block and passes a large one as an ObjectRef, which the consumer's node pulls
+  before the call runs, so pulls overlap. The consumer's receive thread takes the block
+  from the mailbox when it reaches the move. The driver is in neither the data path nor
+  the control path of a move.
 - Submission: one actor call per machine per run, all submitted at once; the driver
   only ships each machine the input blocks its workers read and fetches the
   requested outputs.

@@ -21,8 +21,6 @@ from einsummable.errors import EngineError
 from einsummable.ir.box import slices
 from einsummable.lower.taskgraph import MoveTask, TaskGraph
 
-INLINE_BYTES = 100_000  # Ray inlines arguments this small anyway; larger moves go by ObjectRef
-
 
 class _Aborted(Exception):
     """The driver called the run off: another machine failed or died."""
@@ -77,14 +75,12 @@ class _Run:
         self.deadline = time.monotonic() + timeout
 
     def send(self, dest: int, key: tuple, block: np.ndarray) -> None:
-        payload = np.asarray(block) if block.nbytes <= INLINE_BYTES else [ray.put(block)]
-        self.peers[dest].deliver.remote(self.pid, self.run, key, payload)
+        """Ray passes a large block as an ObjectRef that the receiving actor pulls, and resolves
+        it before ``deliver`` runs: pulls overlap, and none waits behind another in the mailbox."""
+        self.peers[dest].deliver.remote(self.pid, self.run, key, np.asarray(block))
 
     def receive(self, key: tuple) -> np.ndarray:
-        payload = self.mailbox.take(self.pid, self.run, key, self.deadline)
-        if isinstance(payload, list):  # an ObjectRef, wrapped so that Ray passes it unresolved
-            return ray.get(payload[0], timeout=max(self.deadline - time.monotonic(), 0.0))
-        return payload
+        return self.mailbox.take(self.pid, self.run, key, self.deadline)
 
 
 class _Part:
