@@ -22,9 +22,15 @@ the measured time says more about them than about the model; such rows are flagg
 
     python benchmarks/calibration.py [--workers 1 2] [--engines local ray] [--repeats 3] [--best] [--scale S]
 
-Measured here on a quiet moment (2 cores, OpenBLAS, medians of 5): every ratio within
-0.87..1.17 at workers 1 and 2. On a busy moment (another program holding a core) the
-workers=2 rows read 0.4..0.7, and their cpu share says why.
+Measured here on a quiet moment (2 cores, OpenBLAS, least of 5, load 1.7): local rows
+0.89..1.13 at workers 1 and 2 with EINSUMMABLE_KERNELS=numpy; with the generated C kernels
+the attention rows read 0.36..0.50, since the C exp runs 10-30x slower than numpy's on
+arguments below -87 (the causal mask's -1e9). The Ray rows read 0.60..0.97 (1x2) and
+0.40..0.72 (2x1): the simulator does not model the driver shipping feeds to the actors
+and fetching outputs through the object store (chain (skewed) returns 128 MB), nor Ray's
+per-move cost between nodes (``bandwidth_across``/``latency_across`` keep their defaults).
+On a busy moment (another program holding a core) the rows read 0.2..0.7, and their cpu
+share says why.
 """
 
 from __future__ import annotations
