@@ -28,7 +28,7 @@ the attention rows read 0.36..0.50, since the C exp runs 10-30x slower than nump
 arguments below -87 (the causal mask's -1e9). The Ray rows read 0.60..0.97 (1x2) and
 0.40..0.72 (2x1): the simulator does not model the driver shipping feeds to the actors
 and fetching outputs through the object store (chain (skewed) returns 128 MB), nor Ray's
-per-move cost between nodes (``bandwidth_across``/``latency_across`` keep their defaults).
+per-move cost between nodes beyond the bandwidth and latency measured here (``_ray_link``).
 On a busy moment (another program holding a core) the rows read 0.2..0.7, and their cpu
 share says why.
 """
@@ -101,6 +101,35 @@ def _ray_nodes():
     return cluster
 
 
+def _ray_link() -> dict[str, float]:
+    """Ray's cost of a block between the two nodes, as the engine moves one (an actor call carrying
+    it): latency and bandwidth fitted to the median times of 64 kB and 16 MB blocks."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    class End:
+        def take(self, block: np.ndarray) -> int:
+            return block.nbytes
+
+        def give(self, peer, nbytes: int, repeats: int) -> list[float]:
+            block, out = np.ones(nbytes // 4, np.float32), []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                ray.get(peer.take.remote(block))
+                out.append(time.perf_counter() - t0)
+            return out
+
+    here, there = (n["NodeID"] for n in sorted((n for n in ray.nodes() if n["Alive"]),
+                                                key=lambda n: n["NodeID"]))
+    a, b = (End.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+            for n in (here, there))
+    small, large = 1 << 16, 1 << 24
+    t_small, t_large = (statistics.median(ray.get(a.give.remote(b, n, 9))[1:]) for n in (small, large))
+    bandwidth = (large - small) / max(t_large - t_small, 1e-9)
+    return {"bandwidth_across": bandwidth, "latency_across": max(t_small - small / bandwidth, 0.0)}
+
+
 def configs(workers: list[int], engines: list[str], out: Path) -> list[tuple[str, str, es.Cluster]]:
     """(row label, engine, cluster) per configuration, with this machine's measured rates."""
     rows, measured_at = [], {}
@@ -114,8 +143,11 @@ def configs(workers: list[int], engines: list[str], out: Path) -> list[tuple[str
         rows += [(f"local {w}", "local", measured_at[w]) for w in workers]
     if "ray" in engines:
         two = measured_at[2]
+        link = _ray_link()
+        print(f"ray between nodes: {link['bandwidth_across'] / 1e9:.2f} GB/s, "
+              f"{link['latency_across'] * 1e3:.2f} ms a block", flush=True)
         rows += [("ray 1x2", "ray", two),
-                 ("ray 2x1", "ray", replace(two, machines=2, cores=1, blas_threads=1))]
+                 ("ray 2x1", "ray", replace(two, machines=2, cores=1, blas_threads=1, **link))]
     return rows
 
 
