@@ -14,15 +14,29 @@ Ray's overheads, measured against the local engine on the same TaskGraph:
 
 Run: python benchmarks/ray_engine.py [--size 4000] [--workers 2] [--batch 8192] [--widths 1024,4096,4096,1024]
 Needs: pip install "einsummable[ray]" distributed
+
+``--llama`` instead: the demo Llama's training step (batch 16 x seq 64, AdamW, state
+resident in a session) planned for 2 machines x 2 cores, on a simulated Ray cluster of
+2 nodes x 2 CPUs (``ray.cluster_utils.Cluster``), one actor per node, against the
+local engine on the same TaskGraph; the losses must agree. ``--before DIR`` also runs
+the same step with the source tree DIR/src (e.g. ``git archive 9560447 src``, the
+per-core-actor engine) in a subprocess, and prints this engine's time against it:
+
+    python benchmarks/ray_engine.py --llama [--before /tmp/old] [--steps 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import math
 import os
+import subprocess
+import sys
+import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -212,6 +226,85 @@ def _meet(a, b):
     return box if all(lo < hi for lo, hi in box) else None
 
 
+def _llama_times(steps: int) -> dict[str, object]:
+    """On the connected 2-node Ray: seconds to set the program up, median seconds per step on
+    Ray and on the local engine (same TaskGraph), and the losses of each."""
+    from einsummable.compile import Program
+    from einsummable.engines import local
+    from einsummable.models.llama import model as llama
+
+    cfg = llama.PRESETS["demo"]
+    g, p, loss = llama.loss_graph(cfg, 16, 64)
+    step = es.train.adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
+    params = llama.init_params(cfg, seed=0)
+    rng = np.random.default_rng(0)
+    batch = {"tokens": rng.integers(0, cfg.vocab_size, (16, 65)).astype(np.float32), "lr": 3e-3}
+    cluster = es.Cluster(machines=2, cores=2)
+    plan = es.compile(g, cluster=cluster, engine="simulate")
+    start = time.perf_counter()
+    from einsummable.engines.ray import RayProgram
+
+    on_ray = Program(plan.graph, "ray", RayProgram(plan.taskgraph), plan.plan, plan.taskgraph)
+    setup = time.perf_counter() - start
+    here = Program(plan.graph, "local", local.LocalProgram(plan.taskgraph), plan.plan, plan.taskgraph)
+    out: dict[str, object] = {"setup": setup, "tasks": len(plan.taskgraph)}
+    sessions = {name: prog.session(params | step.init_state(params)) for name, prog in
+                (("ray", on_ray), ("local", here))}
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    losses: dict[str, list[float]] = {name: [] for name in sessions}
+    for _ in range(steps + 1):  # round-robin; the first step warms up and is not timed
+        for name, sess in sessions.items():
+            t0 = time.perf_counter()
+            losses[name].append(float(sess.run(batch, fetch=["loss"])["loss"]))
+            times[name].append(time.perf_counter() - t0)
+    for name in sessions:
+        out[name] = float(np.median(times[name][1:]))
+        out[f"{name} losses"] = losses[name]
+    return out
+
+
+def _two_nodes():
+    """A simulated Ray cluster on this machine: 2 raylets, 2 CPUs each (as tests/engines/test_ray.py)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    store = {"object_store_memory": 1 << 30}  # cluster_utils' default, 150 MB, spills to /tmp
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2} | store)
+    cluster.add_node(num_cpus=2, **store)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+    return cluster
+
+
+def llama(steps: int, before: str | None) -> None:
+    import ray
+
+    cluster = _two_nodes()
+    try:
+        now = _llama_times(steps)
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    np.testing.assert_allclose(now["ray losses"], now["local losses"], rtol=1e-6)
+    print(f"(L) demo Llama training step, batch 16 x seq 64, 2 machines x 2 cores ({now['tasks']} tasks), "
+          f"Ray on 2 simulated nodes x 2 CPUs; losses {[round(x, 6) for x in now['ray losses']]} "
+          f"(equal to the local engine's)")
+    print(f"  local engine (one process, 4 threads)   {now['local'] * 1e3:9.1f} ms/step")
+    print(f"  ray, one actor per machine              {now['ray'] * 1e3:9.1f} ms/step, "
+          f"setup {now['setup']:.1f} s")
+    if before is None:
+        return
+    env = os.environ | {"PYTHONPATH": str(Path(before) / "src")}
+    proc = subprocess.run([sys.executable, __file__, "--llama-json", "--steps", str(steps)], env=env,
+                          capture_output=True, text=True, check=True)
+    old = json.loads(proc.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(old["ray losses"], now["ray losses"], rtol=1e-6)
+    print(f"  ray, before ({before}/src)      {old['ray'] * 1e3:9.1f} ms/step, setup {old['setup']:.1f} s "
+          f"(its local engine: {old['local'] * 1e3:.1f} ms/step)")
+    print(f"  per-machine / before = {now['ray'] / old['ray']:.2f} per step, "
+          f"{now['setup'] / old['setup']:.2f} at setup")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--size", type=int, default=4000)
@@ -220,7 +313,22 @@ def main() -> None:
     parser.add_argument("--widths", default="1024,4096,4096,1024")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-dask", action="store_true", help="skip dask.distributed")
+    parser.add_argument("--llama", action="store_true", help="only the Llama step on 2 simulated nodes")
+    parser.add_argument("--llama-json", action="store_true", help=argparse.SUPPRESS)  # --before's child
+    parser.add_argument("--steps", type=int, default=5, help="timed Llama steps")
+    parser.add_argument("--before", help="a source tree (DIR/src) to time the Llama step with too")
     args = parser.parse_args()
+    if args.llama_json:
+        import ray
+
+        cluster = _two_nodes()
+        print(json.dumps(_llama_times(args.steps)))
+        ray.shutdown()
+        cluster.shutdown()
+        return
+    if args.llama:
+        llama(args.steps, args.before)
+        return
     import ray
 
     # dask warns that the feeds travel inside its graph: they travel with every run in ours too

@@ -74,6 +74,13 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def blas_limit(workers: int, cores: int | None = None):
+    """Hold BLAS, while ``workers`` run in this process, to all its ``cores`` (default: those it
+    may run on) for a lone worker, else to one thread: several workers asking OpenBLAS for
+    threads at once would queue on its one pool. The simulator's ``Cluster.blas_threads``."""
+    return _blas().limit(limits=(cores or _cores()) if workers == 1 else 1, user_api="blas")
+
+
 def _input(task: InputTask):
     box = slices(task.box)
 
@@ -243,8 +250,7 @@ class LocalProgram:
         times = np.zeros((len(tasks), 2)) if trace is not None else None
         if times is not None:
             steps, origin = [_timed(step, times, i) for i, step in enumerate(steps)], time.perf_counter()
-        # several workers asking OpenBLAS for threads at once would queue on its one pool
-        with _blas().limit(limits=_cores() if self.tg.workers == 1 else 1, user_api="blas"):
+        with blas_limit(self.tg.workers):
             try:
                 values = scheduler.run(
                     self.inputs, lambda i, args: steps[i](args, feeds, variables), location=self.location,

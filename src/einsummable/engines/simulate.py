@@ -7,7 +7,8 @@ plan for 32 machines × 64 cores is judged from a 2-core box.
 
 Model, one event per task, taken from a heap in time order:
 - a core runs one task at a time, for ``task_overhead`` plus the kernel's time:
-  a GEMM's flops at ``flops_per_core``, any other join's at
+  a GEMM's flops at ``flops_per_core`` and its output write, both spread over
+  ``blas_threads`` cores (a lone worker's BLAS has them all), any other join's at
   ``elementwise_flops_per_core`` (an embedding's gather costs its comparisons and
   outputs, not its join space), plus its fresh output block written at
   ``copy_bandwidth``; fills and assembled partials cost their bytes at
@@ -77,13 +78,13 @@ def _nbytes(task: Task) -> int:
 
 
 def apply_seconds(op: Einsummable, c: Cluster) -> float:
-    """One core's time for the kernel of ``op``, without the per-task overhead."""
+    """One worker's time for the kernel of ``op``, without the per-task overhead."""
     kind = kernel_kind(op)
     if kind == "view":
         return 0.0
     write = math.prod(op.out_shape) * itemsize(op.dtype) / c.copy_bandwidth
     if kind == "gemm":
-        return op.flops() / c.flops_per_core + write
+        return (op.flops() / c.flops_per_core + write) / c.blas_threads
     if kind == "gather":
         a, b, _ = equality_gather(op)
         matched = set(op.inputs[a]) | set(op.inputs[b])

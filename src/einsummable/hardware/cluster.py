@@ -6,7 +6,10 @@ the memory of a machine. ``Cluster.measure()`` fills these in for this machine
 (hardware/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
 
 Workers are numbered machine-major: worker ``w`` is core ``w % cores`` of machine
-``w // cores``. The defaults are rough figures for the 2-core development box
+``w // cores``. ``blas_threads`` is how many cores one worker's GEMMs use: the
+engines give a worker that is alone in its process (one machine of one core) all
+the cores that process may run on, and hold BLAS to one thread otherwise. The
+defaults are rough figures for the 2-core development box
 (about 80 GFLOP/s per core from the measured 4000³ chain, memcpy-speed moves
 inside a machine, 10 Gbit/s between machines).
 """
@@ -35,9 +38,10 @@ class Cluster:
     latency_across: float = 2e-5  # seconds before a move between machines lands
     task_overhead: float = 1.5e-5  # an engine's scheduling cost per task, on its core
     memory_per_machine: float = 256 * 2**30  # bytes
+    blas_threads: int = 1  # cores one worker's GEMMs use (BLAS threads)
 
     def __post_init__(self) -> None:
-        for name in ("machines", "cores"):
+        for name in ("machines", "cores", "blas_threads"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PlanError(f"Cluster {name} must be a positive integer, got {value!r}")
@@ -52,12 +56,19 @@ class Cluster:
                 raise PlanError(f"Cluster {name} must be >= 0, got {getattr(self, name)!r}")
 
     @staticmethod
-    def measure(machines: int = 1, cores: int | None = None) -> Cluster:
-        """This machine's rates, measured with numpy (takes a few seconds)."""
+    def measure(machines: int = 1, cores: int | None = None, blas_threads: int | None = None) -> Cluster:
+        """This machine's rates, measured with numpy (takes a few seconds).
+
+        ``blas_threads`` defaults to the engines' rule for a machine of ``cores`` cores: all
+        the cores this process may use for a lone worker, else 1 (pass 1 for the local
+        engine running several one-core machines in its one process).
+        """
         from einsummable.hardware.calibrate import rates  # numpy timing loops, loaded only when asked
 
-        cores = cores or os.cpu_count() or 1
-        return Cluster(machines=machines, cores=cores, **rates(cores))
+        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = cores or available
+        threads = blas_threads or (available if cores == 1 else 1)
+        return Cluster(machines=machines, cores=cores, blas_threads=threads, **rates(cores))
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")

@@ -1,40 +1,46 @@
-"""The Ray engine: one long-lived actor per planned worker, pinned to its machine's node.
+"""The Ray engine: one long-lived actor per planned machine, pinned to its Ray node.
 
 Inputs: a TaskGraph, checked feeds and run-time variables, as for the local engine.
 Outputs: arrays, or ``RayBlocks`` (blocks left inside the actors) for carried outputs.
 
 Where things live:
 - Machine m of the plan is the m-th live Ray node with CPUs (the driver's node
-  first); worker w is the actor for core ``w % cores`` of that node, created with
+  first); its actor is created there with
   ``NodeAffinitySchedulingStrategy(node, soft=False)`` and ``num_cpus=0`` (the
-  plan, not Ray, decides how many workers share a node). Every program of this
-  driver reuses these actors; a program ships its TaskGraph to them once.
-- Blocks live in the actors. Each actor builds the local engine's step closures
-  (``local.PREPARE``) for its own tasks and runs them with the shared dependency
-  loop (``scheduler.run``): one thread computes, one receives.
-- A move between workers: the producer slices its block and hands it to the
-  consumer actor directly (``deliver``), as an ObjectRef from ``ray.put`` (zero-copy
-  inside a node, pulled between nodes) or inline when under ``INLINE_BYTES``. The
-  consumer ``ray.get``s it when its receive thread reaches the move. The driver is
-  in neither the data path nor the control path of a move.
-- Submission: one actor call per worker per run, all submitted at once; the driver
-  only ships each worker the input blocks it reads and fetches the requested outputs.
+  plan, not Ray, decides how many cores the machine's workers use). Every program
+  of this driver reuses these actors; a program ships its TaskGraph to them once.
+- Inside an actor the local engine runs the machine's tasks: its step closures
+  (``local.PREPARE``) on the shared dependency loop (``scheduler.run``), one thread
+  per core of the plan (worker ``w`` is thread ``w % cores``) plus one that
+  receives, with BLAS held as the local engine holds it (a machine of one core gets
+  its node's Ray CPUs, ``Cluster.blas_threads``). Blocks live in the actor's
+  memory; a move between two cores of a machine is a view, as in the local engine,
+  so a machine keeps one copy of what its cores share.
+- A move between machines: the producing actor slices its block and hands it to the
+  consuming actor directly, as the argument of an actor call (``deliver``): Ray inlines
+  a small block and passes a large one as an ObjectRef, which the consumer's node pulls
+  before the call runs, so pulls overlap. The consumer's receive thread takes the block
+  from the mailbox when it reaches the move. The driver is in neither the data path nor
+  the control path of a move.
+- Submission: one actor call per machine per run, all submitted at once; the driver
+  only ships each machine the input blocks its workers read and fetches the
+  requested outputs.
 
-State: outputs carried by a Session come back as ``RayBlocks`` naming ``(worker,
+State: outputs carried by a Session come back as ``RayBlocks`` naming ``(machine,
 key)`` per block; the next run reads them in place (or has the holder send the
-piece to the worker that wants it). A carried run's blocks are committed only when
-every worker succeeded, so a failed run leaves the previous state intact. Blocks are
+piece to the machine that wants it). A carried run's blocks are committed only when
+every machine succeeded, so a failed run leaves the previous state intact. Blocks are
 dropped from the actors when their ``RayBlocks`` is garbage collected.
 
 Faults (the behaviour chosen: fail fast, never recompute from lineage): when an
-actor dies mid-run, the driver sees its call fail, aborts the other workers (their
-waits on the dead worker end at once) and raises ``EngineError`` naming the lost
-worker, its node, and its unfinished tasks. No partial result is returned. The next
-run restarts the actor on the same node, and a new program pings the actors it
-would reuse and replaces any that died meanwhile. Resident state held by a dead actor is
-reported lost (``EngineError`` naming the tensor) when a session next reads it;
-it is never zeroed. Every wait has a deadline (``RayProgram.timeout``), so a run
-never hangs.
+actor dies mid-run, the driver sees its call fail, aborts the other machines (their
+waits on the dead one end at once) and raises ``EngineError`` naming the lost
+machine, its workers, its node, and its unfinished tasks. No partial result is
+returned. The next run restarts the actor on the same node, and a new program pings
+the actors it would reuse and replaces any that died meanwhile. Resident state held
+by a dead actor is reported lost (``EngineError`` naming the tensor) when a session
+next reads it; it is never zeroed. Every wait has a deadline (``RayProgram.timeout``),
+so a run never hangs.
 
     prog = es.compile(g, engine="ray", address="auto", cluster=es.Cluster.from_ray())
     prog.run({"x": X})

@@ -1,8 +1,10 @@
-"""A planned worker as a Ray actor: its share of each program, its resident blocks, its mailbox.
+"""A planned machine as a Ray actor: its share of each program, its resident blocks, its mailbox.
 
-Each actor runs its part of a TaskGraph with the shared dependency loop
-(``scheduler.run``): location 0 computes and sends, location 1 receives. Blocks for
-other workers are handed to their actors directly (``deliver``).
+Inside the actor the local engine's step closures (``local.PREPARE``) run the
+machine's tasks with the shared dependency loop (``scheduler.run``): one thread per
+core computes (and sends), one more receives. Moves between the machine's cores are
+views of blocks in the actor's memory, as in the local engine; blocks for other
+machines are handed to their actors directly (``deliver``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import time
 
 import numpy as np
 import ray
-from threadpoolctl import threadpool_limits
 
 from einsummable.engines import local, native, scheduler
 from einsummable.engines.blocks import Blocks
@@ -20,15 +21,13 @@ from einsummable.errors import EngineError
 from einsummable.ir.box import slices
 from einsummable.lower.taskgraph import MoveTask, TaskGraph
 
-INLINE_BYTES = 100_000  # Ray inlines arguments this small anyway; larger moves go by ObjectRef
-
 
 class _Aborted(Exception):
-    """The driver called the run off: another worker failed or died."""
+    """The driver called the run off: another machine failed or died."""
 
 
 class _Mailbox:
-    """Blocks delivered by other workers, keyed by (program, run, message)."""
+    """Blocks delivered by other machines, keyed by (program, run, message)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
@@ -76,26 +75,28 @@ class _Run:
         self.deadline = time.monotonic() + timeout
 
     def send(self, dest: int, key: tuple, block: np.ndarray) -> None:
-        payload = np.asarray(block) if block.nbytes <= INLINE_BYTES else [ray.put(block)]
-        self.peers[dest].deliver.remote(self.pid, self.run, key, payload)
+        """Ray passes a large block as an ObjectRef that the receiving actor pulls, and resolves
+        it before ``deliver`` runs: pulls overlap, and none waits behind another in the mailbox."""
+        self.peers[dest].deliver.remote(self.pid, self.run, key, np.asarray(block))
 
     def receive(self, key: tuple) -> np.ndarray:
-        payload = self.mailbox.take(self.pid, self.run, key, self.deadline)
-        if isinstance(payload, list):  # an ObjectRef, wrapped so that Ray passes it unresolved
-            return ray.get(payload[0], timeout=max(self.deadline - time.monotonic(), 0.0))
-        return payload
+        return self.mailbox.take(self.pid, self.run, key, self.deadline)
 
 
 class _Part:
-    """One worker's share of a TaskGraph: its tasks, plus a send or a receive per crossing move.
+    """One machine's share of a TaskGraph: its tasks, plus a send or a receive per move that
+    crosses machines.
 
-    Location 0 of the local loop computes and sends; location 1 receives, in task
-    order, so that the earliest unfinished task of the whole graph can always run.
+    Location ``k`` of the local loop is the machine's core k: it computes, and sends the
+    blocks its tasks made; location ``cores`` receives, in task order, so that the earliest
+    unfinished task of the whole graph can always run.
     """
 
-    def __init__(self, tg: TaskGraph, me: int, rank: list[float]) -> None:
-        self.ids = [t for t, task in enumerate(tg.tasks)
-                    if task.loc == me or (isinstance(task, MoveTask) and task.src == me)]
+    def __init__(self, tg: TaskGraph, me: int, rank: list[float], cpus: int) -> None:
+        cores, machine = tg.cores, tg.machine_of
+        self.cores, self.cpus = cores, cpus  # the plan's cores; the node's CPUs, for a lone worker's BLAS
+        self.ids = [t for t, task in enumerate(tg.tasks) if machine(task.loc) == me
+                    or (isinstance(task, MoveTask) and machine(task.src) == me)]
         self.index = {t: k for k, t in enumerate(self.ids)}
         self.inputs: list[tuple[int, ...]] = []
         self.location: list[int] = []
@@ -103,15 +104,15 @@ class _Part:
         self.steps = []
         for t in self.ids:
             task = tg.tasks[t]
-            crossing = isinstance(task, MoveTask) and task.src != task.loc
-            receive = crossing and task.loc == me
+            crossing = isinstance(task, MoveTask) and machine(task.src) != machine(task.loc)
+            receive = crossing and machine(task.loc) == me
             self.inputs.append(() if receive else tuple(self.index[i] for i in task.inputs))
-            self.location.append(1 if receive else 0)
+            self.location.append(cores if receive else (task.src if crossing else task.loc) % cores)
             self.rank.append(-float(t) if receive else rank[t])
             if receive:
                 self.steps.append(lambda args, run, key=("move", t): run.receive(key))
             elif crossing:
-                self.steps.append(_sender(t, task))
+                self.steps.append(_sender(t, task, machine(task.loc)))
             else:
                 step = local.PREPARE[type(task)](task)
                 self.steps.append(lambda args, run, step=step: step(args, run.feeds, run.variables))
@@ -119,30 +120,29 @@ class _Part:
         native.flush()  # the compiled kernels, built together, at prepare
 
 
-def _sender(t: int, task: MoveTask):
+def _sender(t: int, task: MoveTask, dest: int):
     box = slices(task.box)
 
     def send(args, run):
-        run.send(task.loc, ("move", t), args[0][box])
+        run.send(dest, ("move", t), args[0][box])
 
     return send
 
 
-@ray.remote(max_concurrency=16, max_restarts=0, num_cpus=0)
-class Worker:
-    """A planned worker: holds its parts of programs, its resident blocks and its mailbox."""
+@ray.remote(max_concurrency=32, max_restarts=0, num_cpus=0)
+class Machine:
+    """A planned machine: holds its parts of programs, its resident blocks and its mailbox."""
 
     def __init__(self) -> None:
-        # one BLAS thread per worker, set once: this process is the worker's own
-        self._blas = threadpool_limits(1, user_api="blas")
         self.mailbox = _Mailbox()
         self.parts: dict[str, _Part] = {}
         self.peers: dict[str, list] = {}
         self.store: dict[tuple, np.ndarray] = {}
 
-    def setup(self, pid: str, program: tuple[TaskGraph, list[float]], me: int, peers: list) -> str:
+    def setup(self, pid: str, program: tuple[TaskGraph, list[float]], me: int, peers: list,
+              cpus: int) -> str:
         tg, rank = program
-        self.parts[pid] = _Part(tg, me, rank)
+        self.parts[pid] = _Part(tg, me, rank, cpus)
         self.peers[pid] = peers
         return ray.get_runtime_context().get_node_id()
 
@@ -173,7 +173,7 @@ class Worker:
 
     def run(self, pid: str, run: int, feeds: dict, sends: list, variables: dict[str, float],
             fetch: list[int], carry: list[tuple[int, tuple]], timeout: float) -> tuple[str, object]:
-        """Run this worker's part; return ("ok", fetched blocks) or ("error" | "aborted", message)."""
+        """Run this machine's part; return ("ok", fetched blocks) or ("error" | "aborted", message)."""
         part = self.parts[pid]
         ctx = _Run(pid, run, {}, variables, self.mailbox, self.peers[pid], timeout)
         try:
@@ -182,9 +182,10 @@ class Worker:
             ctx.feeds = {name: Blocks(shape, dtype, {box: self._piece(ctx, source) for box, source in pieces})
                          for name, (shape, dtype, pieces) in feeds.items()}
             keep = {part.index[t] for t in fetch} | {part.index[t] for t, _ in carry}
-            values = scheduler.run(part.inputs, lambda i, args: part.steps[i](args, ctx),
-                                   location=part.location, workers=2, keep=keep, rank=part.rank,
-                                   describe=lambda i: part.describe[i])
+            with local.blas_limit(part.cores, part.cpus):
+                values = scheduler.run(part.inputs, lambda i, args: part.steps[i](args, ctx),
+                                       location=part.location, workers=part.cores + 1, keep=keep,
+                                       rank=part.rank, describe=lambda i: part.describe[i])
         except (EngineError, _Aborted, TimeoutError, KeyError) as err:
             cause = err.__cause__ if isinstance(err, EngineError) else err
             kind = "aborted" if isinstance(cause, _Aborted) else "error"

@@ -1,0 +1,81 @@
+"""The per-worker compute model: how many cores a worker's GEMMs use (``Cluster.blas_threads``),
+as the engines set BLAS and as the simulator and ``Cluster.measure`` describe it."""
+
+import os
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+import einsummable as es
+from einsummable.engines import local
+from einsummable.engines.simulate import run
+from einsummable.hardware import calibrate
+from einsummable.ir.einsummable import Einsummable
+from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph
+
+BOX = ((0, 100), (0, 100))
+
+
+def _gemm_graph() -> TaskGraph:
+    gemm = Einsummable.from_spec("ij,jk->ik", [(100, 100), (100, 100)])  # 2e6 flops
+    tasks = (InputTask("a", BOX, "f32", 0), InputTask("b", BOX, "f32", 0), ApplyTask(gemm, (0, 1), 0))
+    return TaskGraph(tasks, {"y": Output((100, 100), "f32", ((2, BOX),))}, 1, 1)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_a_gemm_spreads_its_flops_and_its_write_over_the_blas_threads(threads):
+    cluster = es.Cluster(flops_per_core=1e9, copy_bandwidth=4e7, task_overhead=1e-4, blas_threads=threads)
+    # 3 tasks of 0.1 ms overhead; the GEMM's 2 ms of flops and 1 ms writing 40,000 bytes, over the threads
+    assert run(_gemm_graph(), cluster).makespan == pytest.approx(3e-4 + 3e-3 / threads)
+
+
+def test_blas_threads_is_checked_and_kept_in_json(tmp_path):
+    with pytest.raises(es.PlanError, match="blas_threads must be a positive integer, got 0"):
+        es.Cluster(blas_threads=0)
+    cluster = es.Cluster(machines=2, cores=1, blas_threads=8)
+    cluster.to_json(tmp_path / "c.json")
+    assert es.Cluster.from_json(tmp_path / "c.json") == cluster
+
+
+def test_measure_gives_a_lone_worker_every_core_of_the_process(monkeypatch):
+    monkeypatch.setattr(calibrate, "rates", lambda cores: {})  # the rates are not under test here
+    available = len(os.sched_getaffinity(0))
+    assert es.Cluster.measure(cores=1).blas_threads == available
+    assert es.Cluster.measure(machines=4, cores=1).blas_threads == available  # one worker per machine
+    assert es.Cluster.measure(cores=2).blas_threads == 1
+    assert es.Cluster.measure(cores=1, blas_threads=1).blas_threads == 1
+
+
+def _blas_threads() -> list[int]:
+    return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+
+def test_the_engines_hold_blas_as_the_cluster_says():
+    if not _blas_threads():
+        pytest.skip("numpy has no BLAS that threadpoolctl can see")
+    with local.blas_limit(1, 3):
+        assert set(_blas_threads()) == {3}  # a lone worker: the cores it is given
+    with local.blas_limit(2):
+        assert set(_blas_threads()) == {1}
+
+
+def test_a_lone_local_worker_runs_the_gemm_on_its_blas_threads(monkeypatch):
+    """The local engine's single worker calls BLAS with blas_threads(1) threads in force."""
+    seen = []
+    real = np.matmul
+
+    def spy(*args, **kwargs):
+        seen.append(_blas_threads())
+        return real(*args, **kwargs)
+
+    if not _blas_threads():
+        pytest.skip("numpy has no BLAS that threadpoolctl can see")
+    g = es.Graph()
+    a, b = g.input("a", (64, 64)), g.input("b", (64, 64))
+    g.output("y", a @ b)
+    prog = es.compile(g, workers=1)
+    monkeypatch.setattr(np, "matmul", spy)
+    x = np.ones((64, 64), np.float32)
+    np.testing.assert_allclose(prog.run({"a": x, "b": x})["y"], real(x, x))
+    assert seen and all(set(s) == {len(os.sched_getaffinity(0))} for s in seen)
