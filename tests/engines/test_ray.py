@@ -255,7 +255,7 @@ def test_llama_training_step_on_two_nodes_matches_the_local_engine(two_nodes):
     step = es.train.adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
     params = llama.init_params(cfg, seed=0)
     rng = np.random.default_rng(0)
-    batch = {"tokens": rng.integers(0, cfg.vocab_size, (16, 65)).astype(np.float32), "lr": 3e-3}
+    batch = {"tokens": rng.integers(0, cfg.vocab_size, (16, 65)).astype(np.int64), "lr": 3e-3}
     batches = [batch] * 3
     on_ray = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
     assert len(on_ray.executor.actors) == 2
