@@ -59,11 +59,11 @@ def main() -> None:
         t1 = time.perf_counter()
         if not args.no_tracemalloc:
             tracemalloc.start()
-        tg = lower(plan) if args.level == "core" else cluster_graph(plan).tg
+        tg = lower(plan) if args.level == "core" else cluster_graph(plan).graph
         t2 = time.perf_counter()
         peak = tracemalloc.get_traced_memory()[1] if not args.no_tracemalloc else 0
         tracemalloc.stop()
-        n = len(tg.tasks)
+        n = len(tg)
         per = f"{peak / n:7.0f}" if peak else f"{'-':>7}"
         print(f"{m:>3}x{args.cores:<4} {t1 - t0:7.1f} {n:10,d} {t2 - t1:8.1f} {(t2 - t1) / n * 1e6:8.1f} "
               f"{per} {rss_gb():7.2f}", flush=True)

@@ -33,6 +33,22 @@ def void_rows(keys: np.ndarray) -> np.ndarray:
     return keys.view(np.dtype((np.void, 8 * keys.shape[1]))).ravel()
 
 
+class Remap:
+    """Temporary ids (from ``base`` on) to final ids; ids below ``base`` stay."""
+
+    def __init__(self, base: int, final: np.ndarray) -> None:
+        self.base, self.final = base, final
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        new = ids >= self.base
+        if not new.any():
+            return ids
+        out = ids.copy()
+        out[new] = self.final[ids[new] - self.base]
+        return out
+
+
 class Builder:
     def __init__(self, workers: int, cores: int) -> None:
         self.workers, self.cores = workers, cores
@@ -66,27 +82,25 @@ class Builder:
         return i
 
     def shape_ids(self, shapes: np.ndarray) -> np.ndarray:
-        """[N] shape ids of an [N, rank] matrix of shapes."""
-        if len(shapes) == 0 or shapes.shape[1] == 0:
-            return np.full(len(shapes), self.intern("shape", ()), dtype=np.int64)
-        uniq, inv = np.unique(shapes, axis=0, return_inverse=True)
-        ids = np.array([self.intern("shape", tuple(r)) for r in uniq.tolist()], dtype=np.int64)
-        return ids[inv.ravel()]
+        """[N] shape ids of an [N, rank] matrix of shapes (a few distinct rows: a dict beats np.unique)."""
+        d, table = self.tables["shape"], self.lists["shape"]
+        out = []
+        for row in map(tuple, shapes.tolist()):
+            i = d.get(row)
+            if i is None:
+                i = d[row] = len(table)
+                table.append(row)
+            out.append(i)
+        return np.array(out, dtype=np.int64)
 
     def box_ids(self, kind: str, tag: object, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """[N] aux ids of boxes given as lo, hi rows: the table holds ``(tag, box)``, or the
         box alone when tag is None; ``kind`` keeps the kinds' entries apart."""
-        if len(lo) == 0:
-            return np.zeros(0, dtype=np.int64)
-        r = lo.shape[1]
-        if r == 0:
-            return np.full(len(lo), self.intern("aux", (kind, tag, ()), () if tag is None else (tag, ())))
-        uniq, inv = np.unique(np.concatenate([lo, hi], axis=1), axis=0, return_inverse=True)
-        ids = []
-        for row in uniq.tolist():
-            box = tuple(zip(row[:r], row[r:], strict=True))
-            ids.append(self.intern("aux", (kind, tag, box), box if tag is None else (tag, box)))
-        return np.array(ids, dtype=np.int64)[inv.ravel()]
+        out = []
+        for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+            box = tuple(zip(a, b, strict=True))
+            out.append(self.intern("aux", (kind, tag, box), box if tag is None else (tag, box)))
+        return np.array(out, dtype=np.int64)
 
     # ------------------------------------------------------------ emitting
 
@@ -168,35 +182,33 @@ class Builder:
         if t >= self.n:
             self.fresh.append((d, key))
 
-    def finish(self) -> np.ndarray:
-        """Put this node's new tasks in lowering.py's order; returns the map of ids
-        (apply it to ids kept from this node: ``remap[ids]`` for ids >= old n)."""
-        m = self.count
-        base = self.n
-        remap = np.arange(base + m, dtype=np.int64)
+    def finish(self) -> Remap:
+        """Put this node's new tasks in lowering.py's order; returns the map of the ids
+        handed out during the node to their final ids."""
+        m, base = self.count, self.n
         if not m:
             self._reset()
-            return remap
+            return Remap(base, np.zeros(0, dtype=np.int64))
         order = np.concatenate(self.order)
         for ids, low in self.lowered:
             np.minimum.at(order, ids - base, low)
         perm = np.argsort(order, kind="stable")
-        rank = np.empty(m, dtype=np.int64)
-        rank[perm] = np.arange(m)
-        remap[base:] = base + rank
+        final = np.empty(m, dtype=np.int64)
+        final[perm] = np.arange(base, base + m)
+        remap = Remap(base, final)
         for c in COLUMNS:
             self.done[c].append(np.concatenate(self.cols[c])[perm])
         lengths = np.concatenate(self.lengths)
-        flat = remap[np.concatenate(self.flat)] if self.flat else np.zeros(0, dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        flat = remap(np.concatenate(self.flat)) if self.flat else np.zeros(0, dtype=np.int64)
+        starts = np.cumsum(lengths) - lengths
         plen = lengths[perm]
-        gather = np.repeat(starts[perm] - np.concatenate([[0], np.cumsum(plen)[:-1]]), plen) + np.arange(plen.sum())
+        gather = np.repeat(starts[perm] - (np.cumsum(plen) - plen), plen) + np.arange(plen.sum())
         self.done_lengths.append(plen)
         self.done_indices.append(flat[gather].astype(np.int32))
         for d, key in self.fresh:
             v = d[key]
             if v >= base:
-                d[key] = int(remap[v])
+                d[key] = int(final[v - base])
         self.n += m
         self._reset()
         return remap

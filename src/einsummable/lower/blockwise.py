@@ -19,14 +19,26 @@ Partials and select blocks, whose pieces vary in number, are made one by one.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from einsummable.errors import PlanError
 from einsummable.ir.dtypes import HALF
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Cast, Input
-from einsummable.ir.graph import ComplexView, Constant, EinsumNode, Fill, Formation, InputNode, Piece, Reshape, Select
+from einsummable.ir.graph import (
+    ComplexView,
+    Constant,
+    EinsumNode,
+    Fill,
+    Formation,
+    InputNode,
+    Piece,
+    Reshape,
+    Select,
+)
 from einsummable.lower.arrays import Builder, void_rows
 from einsummable.lower.compact import APPLY, CONSTANT, INPUT, MOVE, PARTIAL, VIEW, CompactGraph, prune
 from einsummable.lower.taskgraph import Output
@@ -47,9 +59,15 @@ class Held:
     kept: str  # their dtype (f32 for half partial sums)
 
 
+@functools.lru_cache(maxsize=4096)
+def indices(counts: tuple[int, ...]) -> np.ndarray:
+    """``block_indices``, shared: many nodes have the same counts."""
+    return block_indices(counts)
+
+
 def grid(part: Partition) -> tuple[np.ndarray, np.ndarray]:
     """[blocks, rank] lo and hi of every block, row-major."""
-    idx = block_indices(part.counts)
+    idx = indices(part.counts)
     lo = np.zeros(idx.shape, dtype=np.int64)
     hi = np.zeros(idx.shape, dtype=np.int64)
     for d, b in enumerate(part.bounds):
@@ -115,8 +133,9 @@ class _Lower:
             q = q * c + qa[a]
         start = np.searchsorted(row, np.arange(m))
         p = np.arange(n) - start[row]
-        blo = np.stack([bounds[a][qa[a]] for a in range(rank)], axis=1) if rank else np.zeros((n, 0), np.int64)
-        bhi = np.stack([bounds[a][qa[a] + 1] for a in range(rank)], axis=1) if rank else blo
+        blo, bhi = np.zeros((n, rank), dtype=np.int64), np.zeros((n, rank), dtype=np.int64)
+        for a in range(rank):
+            blo[:, a], bhi[:, a] = bounds[a][qa[a]], bounds[a][qa[a] + 1]
         ilo, ihi = np.maximum(lo[row], blo), np.minimum(hi[row], bhi)
         slo, shi, dst = ilo - blo, ihi - blo, ilo - lo[row]
         whole = (slo == 0).all(axis=1) & (shi == bhi - blo).all(axis=1)
@@ -155,7 +174,8 @@ class _Lower:
             out[one] = t[first[one]]
         empty = np.flatnonzero(pieces == 0)
         if len(empty):
-            out[empty] = self.constants(Constant(0.0), h.kept, np.zeros_like(lo[empty]), hi[empty] - lo[empty],
+            size = hi[empty] - lo[empty]
+            out[empty] = self.constants(Constant(0.0), h.kept, np.zeros_like(size), size,
                                         w[empty], pre[empty] * INNER + INNER - 2)
         rest = np.flatnonzero((pieces > 0) & ~one)
         if len(rest):
@@ -175,7 +195,8 @@ class _Lower:
         several is summed where it lives (a partial) before it moves."""
         cols: list[list] = [[] for _ in range(9)]
         tasks, locs = h.task.tolist(), h.loc.tolist()
-        sl, sh, ds, wh, rows, ps = slo.tolist(), shi.tolist(), dst.tolist(), whole.tolist(), row.tolist(), p.tolist()
+        sl, sh, ds, wh = slo.tolist(), shi.tolist(), dst.tolist(), whole.tolist()
+        rows, ps = row.tolist(), p.tolist()
         for i, qi in enumerate(q.tolist()):
             wi = int(w[rows[i]])
             by_loc: dict[int, list[int]] = {}
@@ -275,7 +296,8 @@ class _Lower:
             op = replace(op, join=Cast("f32", op.join))  # partial sums: kept in f32 until formed
         lo, hi = grid(part)
         nb, nk = len(lo), len(node.inputs)
-        reqs = [(u, *self.reads(nid, k, lo, hi), w, np.arange(nb) * (nk + 1) + k) for k, u in enumerate(node.inputs)]
+        reqs = [(u, *self.reads(nid, k, lo, hi), w, np.arange(nb) * (nk + 1) + k)
+                for k, u in enumerate(node.inputs)]
         args = np.stack(self.fetch_all(reqs), axis=1) if nk else np.zeros((nb, 0), dtype=np.int64)
         shapes = hi - lo
         ops = np.zeros(nb, dtype=np.int64)
@@ -329,7 +351,8 @@ class _Lower:
 
     def select(self, node: Select, lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
         nb = len(lo)
-        reads = [node.reads(tuple(zip(a, b, strict=True))) for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
+        reads = [node.reads(tuple(zip(a, b, strict=True)))
+                 for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
         nr = max((len(r) for r in reads), default=0) + 1
         reqs = []
         for b, rs in enumerate(reads):
@@ -358,6 +381,9 @@ class _Lower:
 
 def lower_blocks(plan: Plan) -> CompactGraph:
     """The CompactGraph of a placed plan whose workers are machines (one core each)."""
+    if plan.cluster.cores != 1:
+        raise PlanError(f"lower_blocks lowers plans with one core per machine (see machine_plan), "
+                        f"given {plan.cluster}")
     g = plan.graph
     lw = _Lower(plan)
     live = g.live()
@@ -366,7 +392,7 @@ def lower_blocks(plan: Plan) -> CompactGraph:
             continue  # fills are made where they are read
         held = lw.rule(nid, np.asarray(plan.where(nid), dtype=np.int64))
         remap = lw.b.finish()
-        held.task = remap[held.task]
+        held.task = remap(held.task)
         lw.outs[nid] = held
     outputs = {}
     for name, nid in g.outputs.items():

@@ -106,7 +106,8 @@ class CompactGraph:
 
     def to_taskgraph(self) -> TaskGraph:
         """The object TaskGraph (for small graphs: DOT, validate, tests)."""
-        return TaskGraph(tuple(self.task(t) for t in range(len(self))), self.outputs, self.workers, self.cores)
+        tasks = tuple(self.task(t) for t in range(len(self)))
+        return TaskGraph(tasks, self.outputs, self.workers, self.cores)
 
     def counts(self) -> dict[str, int]:
         """Tasks per kind."""
@@ -122,7 +123,8 @@ class CompactGraph:
             shape = f"{task.dtype}[{','.join(map(str, task.shape))}]"
             lines.append(f"  %{t} @{task.loc} = {task.describe()} {args}".rstrip() + f" : {shape}")
         if n > SHOWN:
-            lines.append(f"  ... {n - SHOWN:,} more tasks: " + ", ".join(f"{c:,} {k}" for k, c in self.counts().items()))
+            kinds = ", ".join(f"{c:,} {k}" for k, c in self.counts().items())
+            lines.append(f"  ... {n - SHOWN:,} more tasks (of {kinds})")
         for name, out in list(self.outputs.items())[:SHOWN]:
             lines.append(f"  return {name} = {len(out.blocks)} blocks")
         if len(self.outputs) > SHOWN:
@@ -146,7 +148,8 @@ def prune(cg: CompactGraph) -> CompactGraph:
         keep[dead] = False
         starts, ends = cg.indptr[dead], cg.indptr[dead + 1]
         lengths = ends - starts
-        read = cg.indices[np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())]
+        offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+        read = cg.indices[offsets + np.arange(lengths.sum())]
         np.subtract.at(readers, read, 1)
         dead = np.unique(read[readers[read] == 0])
         dead = dead[keep[dead]]
