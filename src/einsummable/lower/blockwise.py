@@ -179,13 +179,13 @@ class _Lower:
                                         w[empty], pre[empty] * INNER + INNER - 2)
         rest = np.flatnonzero((pieces > 0) & ~one)
         if len(rest):
-            ts, sl, sh, ds = t.tolist(), slo.tolist(), shi.tolist(), dst.tolist()
-            shapes = self.b.shape_ids(hi[rest] - lo[rest]).tolist()
-            for i, f in enumerate(rest.tolist()):
-                span = range(first[f], first[f] + pieces[f])
-                out[f] = self.partial([ts[j] for j in span], [sl[j] for j in span], [sh[j] for j in span],
-                                      [ds[j] for j in span], shapes[i], kept, agg, int(w[f]), 0.0,
-                                      int(pre[f]) * INNER + INNER - 2)
+            shapes = np.zeros(m, dtype=np.int64)
+            shapes[rest] = self.b.shape_ids(hi[rest] - lo[rest])
+            for c in np.unique(pieces[rest]).tolist():
+                f = rest[pieces[rest] == c]
+                j = first[f][:, None] + np.arange(c)
+                out[f] = self.partials(t[j], slo[j], shi[j], dst[j], shapes[f], kept, agg, w[f], 0.0,
+                                       pre[f] * INNER + INNER - 2)
         if h.kept != node.dtype:  # the formed block: the wide partial sum rounds, once
             out = self.cast(u, node.dtype, h.kept, out, hi - lo, w, pre * INNER + INNER - 1)
         return out
@@ -228,18 +228,53 @@ class _Lower:
             return int(self.constants(Constant(pad), self.b.lists["dtype"][dtype], np.zeros_like(full), full,
                                       np.array([loc]), np.array([order]))[0])
         inputs: list[int] = []
-        flat: list = []
+        flat: list[int] = []
         for t, lo, hi, d in zip(ts, slo, shi, dst, strict=True):
             if t not in inputs:
                 inputs.append(t)
-            flat.append((inputs.index(t), tuple(lo), tuple(hi), tuple(d)))
-        key = ("partial", tuple(flat), agg, pad)
+            flat.extend((inputs.index(t), *lo, *hi, *d))
+        aux = self.pieces(tuple(flat), len(slo[0]), agg, pad)
+        key = np.array([*inputs, aux, shape, dtype, loc], dtype=np.int64).tobytes()  # as ``partials`` does
+        return self.b.emit_one(PARTIAL, key, order, loc=loc, dtype=dtype, shape=shape, aux=aux,
+                               inputs=tuple(inputs))
+
+    def pieces(self, flat: tuple[int, ...], rank: int, agg: str | None, pad: float) -> int:
+        """The aux id of a partial's (pieces, agg, pad); ``flat`` holds, per piece, its
+        input's index, its source box's lo and hi, and its target corner."""
+        key = ("partial", rank, flat, agg, pad)
         aux = self.b.tables["aux"].get(key)
         if aux is None:
-            pieces = tuple(Piece(k, tuple(zip(lo, hi, strict=True)), d) for k, lo, hi, d in flat)
-            aux = self.b.intern("aux", key, (pieces, agg, pad))
-        return self.b.emit_one(PARTIAL, (tuple(inputs), aux, shape, dtype, loc), order, loc=loc, dtype=dtype,
-                               shape=shape, aux=aux, inputs=tuple(inputs))
+            w = 1 + 3 * rank
+            pieces = []
+            for i in range(0, len(flat), w):
+                a = i + 1
+                lo, hi, d = flat[a:a + rank], flat[a + rank:a + 2 * rank], flat[a + 2 * rank:i + w]
+                pieces.append(Piece(flat[i], tuple(zip(lo, hi, strict=True)), tuple(d)))
+            aux = self.b.intern("aux", key, (tuple(pieces), agg, pad))
+        return aux
+
+    def partials(self, ts: np.ndarray, slo: np.ndarray, shi: np.ndarray, dst: np.ndarray, shape: np.ndarray,
+                 dtype: int, agg: str | None, loc: np.ndarray, pad: float, order: np.ndarray) -> np.ndarray:
+        """Partials of c pieces each, one per row: ts [N, c]; slo, shi, dst [N, c, rank]."""
+        n, c = ts.shape
+        out = np.empty(n, dtype=np.int64)
+        s = np.sort(ts, axis=1)
+        dup = (s[:, 1:] == s[:, :-1]).any(axis=1)
+        for i in np.flatnonzero(dup).tolist():  # an input read twice: one by one, as lowering.py
+            out[i] = self.partial(ts[i].tolist(), slo[i].tolist(), shi[i].tolist(), dst[i].tolist(),
+                                  int(shape[i]), dtype, agg, int(loc[i]), pad, int(order[i]))
+        ok = np.flatnonzero(~dup)
+        if len(ok):
+            k = np.broadcast_to(np.arange(c)[None, :, None], (len(ok), c, 1))
+            geo = np.concatenate([k, slo[ok], shi[ok], dst[ok]], axis=2).reshape(len(ok), -1)
+            rank = slo.shape[2]
+            aux = np.array([self.pieces(row, rank, agg, pad) for row in map(tuple, geo.tolist())],
+                           dtype=np.int64)
+            keys = np.concatenate([ts[ok], aux[:, None], shape[ok, None], np.full((len(ok), 1), dtype),
+                                   loc[ok, None]], axis=1)
+            out[ok] = self.b.emit(PARTIAL, keys, order[ok], loc=loc[ok], dtype=dtype, shape=shape[ok],
+                                  aux=aux, inputs=ts[ok])
+        return out
 
     def constants(self, kind, dtype: str, lo, hi, w, order) -> np.ndarray:
         aux = self.b.box_ids("constant", kind, lo, hi)
@@ -350,32 +385,54 @@ class _Lower:
         raise TypeError(f"no lowering rule for {type(node).__name__}")
 
     def select(self, node: Select, lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
-        nb = len(lo)
-        reads = [node.reads(tuple(zip(a, b, strict=True)))
-                 for a, b in zip(lo.tolist(), hi.tolist(), strict=True)]
-        nr = max((len(r) for r in reads), default=0) + 1
-        reqs = []
-        for b, rs in enumerate(reads):
-            for j, (_, (k, src), _) in enumerate(rs):
-                box = np.array([src], dtype=np.int64).reshape(1, len(src), 2)
-                reqs.append((node.inputs[k], box[:, :, 0], box[:, :, 1], w[b:b + 1], np.array([b * nr + j])))
-        got = [int(x[0]) for x in self.fetch_all(reqs)]
-        shapes = self.b.shape_ids(hi - lo).tolist()
+        """Each block reads the pieces that meet it (``Select.reads``, over all blocks at
+        once), then assembles them with the padding (a partial) unless one piece is all of it."""
+        nb, npieces = len(lo), len(node.pieces)
+        hit = np.zeros((nb, npieces), dtype=bool)
+        ilo = np.zeros((npieces, *lo.shape), dtype=np.int64)
+        ihi = np.zeros_like(ilo)
+        for n, p in enumerate(node.pieces):
+            box = np.array(p.dst_box, dtype=np.int64).reshape(-1, 2)
+            ilo[n], ihi[n] = np.maximum(lo, box[:, 0]), np.minimum(hi, box[:, 1])
+            hit[:, n] = (ilo[n] < ihi[n]).all(axis=1)
+        count = hit.sum(axis=1)
+        nr = int(count.max(initial=0)) + 1
+        slot = np.cumsum(hit, axis=1) - 1  # the read's place among its block's reads
+        got = np.zeros((nb, npieces), dtype=np.int64)
+        reqs, where = [], []
+        for n, p in enumerate(node.pieces):
+            b = np.flatnonzero(hit[:, n])
+            if len(b):
+                shift = np.array([s - d for d, (s, _) in zip(p.dst, p.src, strict=True)], dtype=np.int64)
+                u = node.inputs[p.input]
+                reqs.append((u, ilo[n][b] + shift, ihi[n][b] + shift, w[b], b * nr + slot[b, n]))
+                where.append((b, n))
+        for (b, n), ids in zip(where, self.fetch_all(reqs), strict=True):
+            got[b, n] = ids
+        shape = hi - lo
+        out = np.full(nb, -1, dtype=np.int64)
+        one = np.zeros(nb, dtype=bool)
+        if npieces:
+            first, rows = np.argmax(hit, axis=1), np.arange(nb)
+            one = (count == 1) & (ilo[first, rows] == lo).all(axis=1) & (ihi[first, rows] == hi).all(axis=1)
+            out[one] = got[one, first[one]]
         dt = self.dt(node.dtype)
-        out = np.empty(nb, dtype=np.int64)
-        at = 0
-        for b, rs in enumerate(reads):
-            ts = got[at:at + len(rs)]
-            at += len(rs)
-            shape = [h - lo_ for lo_, h in zip(lo[b].tolist(), hi[b].tolist(), strict=True)]
-            if len(rs) == 1 and all(a == 0 and h == s for (a, h), s in zip(rs[0][2], shape, strict=True)):
-                out[b] = ts[0]
+        shapes = self.b.shape_ids(shape)
+        for c in np.unique(count[~one]).tolist():
+            f = np.flatnonzero((count == c) & ~one)
+            if c == 0:  # all padding
+                for b in f.tolist():
+                    out[b] = self.partial([], [], [], [], int(shapes[b]), dt, None, int(w[b]), node.pad,
+                                          (b * nr + nr - 1) * INNER)
                 continue
-            slo = [[0] * len(shape) for _ in rs]
-            shi = [[h - a for a, h in src] for _, (_, src), _ in rs]
-            dst = [[a for a, _ in local] for _, _, local in rs]
-            out[b] = self.partial(ts, slo, shi, dst, shapes[b], dt, None, int(w[b]), node.pad,
-                                  (b * nr + nr - 1) * INNER)
+            n = np.nonzero(hit[f])[1].reshape(len(f), c)  # the pieces each block reads, in order
+            fb = f[:, None]
+            ts = got[fb, n]
+            slo = np.zeros((len(f), c, lo.shape[1]), dtype=np.int64)
+            shi = ihi[n, fb] - ilo[n, fb]
+            dst = ilo[n, fb] - lo[fb]
+            out[f] = self.partials(ts, slo, shi, dst, shapes[f], dt, None, w[f], node.pad,
+                                   (f * nr + nr - 1) * INNER)
         return out
 
 
