@@ -82,6 +82,8 @@ class _Lower:
         self.b = Builder(plan.cluster.workers, plan.cluster.cores)
         self.outs: dict[int, Held] = {}
         self.fetched: dict[int, dict] = {}
+        # a node read by one node only is fetched in one batch: no cache needed
+        self.shared = [len(set(us)) > 1 for us in self.g.users()]
 
     def dt(self, dtype: str) -> int:
         return self.b.intern("dtype", dtype)
@@ -94,11 +96,15 @@ class _Lower:
         node = self.g.nodes[u]
         if isinstance(node, Fill):
             return self.constants(node.kind, node.dtype, lo, hi, w, pre * INNER)
-        cache = self.fetched.setdefault(u, {})
         rows = void_rows(np.concatenate([lo, hi, w[:, None]], axis=1))
         uniq, first, inv = np.unique(rows, return_index=True, return_inverse=True)
-        low = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(low, inv.ravel(), pre)
+        inv = inv.ravel()
+        low = pre[first]
+        if len(uniq) < len(rows):
+            np.minimum.at(low, inv, pre)
+        if not self.shared[u]:
+            return self._fetch(u, lo[first], hi[first], w[first], low)[inv]
+        cache = self.fetched.setdefault(u, {})
         blob, width = uniq.tobytes(), uniq.dtype.itemsize
         keys = [blob[j * width:(j + 1) * width] for j in range(len(uniq))]
         got = np.array([cache.get(k, -1) for k in keys], dtype=np.int64)
@@ -108,7 +114,7 @@ class _Lower:
             got[miss] = self._fetch(u, lo[f], hi[f], w[f], low[miss])
             for j in miss.tolist():
                 self.b.remember(cache, keys[j], int(got[j]))
-        return got[inv.ravel()]
+        return got[inv]
 
     def _fetch(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray) -> np.ndarray:
         h = self.outs[u]
