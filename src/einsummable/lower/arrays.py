@@ -105,35 +105,42 @@ class Builder:
     # ------------------------------------------------------------ emitting
 
     def emit(self, kind: int, keys: np.ndarray, order: np.ndarray, *, loc, src=None, node=-1, dtype, shape,
-             aux=-1, inputs: np.ndarray | None = None) -> np.ndarray:
+             aux=-1, inputs: np.ndarray | None = None, shared: bool = True) -> np.ndarray:
         """Ids of the tasks whose identities are the rows of ``keys`` [N, c] (equal rows: one task).
 
-        Column arguments are [N] arrays or scalars; ``inputs`` is [N, k]."""
+        Column arguments are [N] arrays or scalars; ``inputs`` is [N, k]. ``shared=False``:
+        no other batch can make these tasks (an apply names its node; a move reads a
+        block that only this node reads), so they are not remembered: most tasks are
+        not, which keeps the index, and the memory of lowering, small."""
         n = len(keys)
         if not n:
             return np.zeros(0, dtype=np.int64)
-        rows = void_rows(keys)
-        uniq, first, inv = np.unique(rows, return_index=True, return_inverse=True)
+        uniq, first, inv = np.unique(void_rows(keys), return_index=True, return_inverse=True)
         inv = inv.ravel()
-        low = np.full(len(uniq), np.iinfo(np.int64).max, dtype=np.int64)
-        np.minimum.at(low, inv, order)
-        blob, width = uniq.tobytes(), uniq.dtype.itemsize
-        d = self.index[kind]
-        ids = np.empty(len(uniq), dtype=np.int64)
-        new: list[int] = []
+        low = np.asarray(order, dtype=np.int64)[first]
+        if len(uniq) < n:
+            np.minimum.at(low, inv, order)
         base = self.n + self.count
-        for j in range(len(uniq)):
-            key = blob[j * width:(j + 1) * width]
-            t = d.get(key)
-            if t is None:
-                t = d[key] = base + len(new)
-                self.fresh.append((d, key))
-                new.append(j)
-            ids[j] = t
-        pending = ids >= self.n
-        if pending.any():
-            self.lowered.append((ids[pending], low[pending]))
-        if new:
+        if not shared:
+            ids = np.arange(base, base + len(uniq), dtype=np.int64)
+            new: list[int] | np.ndarray = np.arange(len(uniq))
+        else:
+            blob, width = uniq.tobytes(), uniq.dtype.itemsize
+            d = self.index[kind]
+            ids = np.empty(len(uniq), dtype=np.int64)
+            new = []
+            for j in range(len(uniq)):
+                key = blob[j * width:(j + 1) * width]
+                t = d.get(key)
+                if t is None:
+                    t = d[key] = base + len(new)
+                    self.fresh.append((d, key))
+                    new.append(j)
+                ids[j] = t
+            pending = ids >= self.n
+            if pending.any():
+                self.lowered.append((ids[pending], low[pending]))
+        if len(new):
             pick = first[new]
             m = len(new)
 

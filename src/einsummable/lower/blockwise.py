@@ -82,8 +82,21 @@ class _Lower:
         self.b = Builder(plan.cluster.workers, plan.cluster.cores)
         self.outs: dict[int, Held] = {}
         self.fetched: dict[int, dict] = {}
-        # a node read by one node only is fetched in one batch: no cache needed
-        self.shared = [len(set(us)) > 1 for us in self.g.users()]
+        self.shared = self.read_by_several()
+
+    def read_by_several(self) -> list[bool]:
+        """Per node: is its value (its blocks' tasks) read by more than one node? A
+        formation of a value that is not a partial sum is that value, so they count
+        together. A value read by one node is fetched in one batch, so its moves and
+        partials need no index and no cache."""
+        root = list(range(len(self.g.nodes)))
+        for v, node in enumerate(self.g.nodes):
+            if isinstance(node, Formation) and not self.plan.spaces[node.inputs[0]].aggregated:
+                root[v] = root[node.inputs[0]]
+        readers: dict[int, set[int]] = {}
+        for v, us in enumerate(self.g.users()):
+            readers.setdefault(root[v], set()).update(us)
+        return [len(readers[root[v]]) > 1 for v in range(len(root))]
 
     def dt(self, dtype: str) -> int:
         return self.b.intern("dtype", dtype)
@@ -160,7 +173,8 @@ class _Lower:
             order = pre[r] * INNER + (p[away] * groups + g[away]) * 2 + 1
             moved = self.b.emit(MOVE, keys, order, loc=w[r], src=at[away], dtype=kept,
                                 shape=self.b.shape_ids(shi[away] - slo[away]),
-                                aux=self.b.box_ids("move", None, slo[away], shi[away]), inputs=t[away, None])
+                                aux=self.b.box_ids("move", None, slo[away], shi[away]), inputs=t[away, None],
+                                shared=self.shared[u])
             t = t.copy()
             t[away] = moved
             shi = shi.copy()
@@ -191,9 +205,9 @@ class _Lower:
                 f = rest[pieces[rest] == c]
                 j = first[f][:, None] + np.arange(c)
                 out[f] = self.partials(t[j], slo[j], shi[j], dst[j], shapes[f], kept, agg, w[f], 0.0,
-                                       pre[f] * INNER + INNER - 2)
+                                       pre[f] * INNER + INNER - 2, self.shared[u])
         if h.kept != node.dtype:  # the formed block: the wide partial sum rounds, once
-            out = self.cast(u, node.dtype, h.kept, out, hi - lo, w, pre * INNER + INNER - 1)
+            out = self.cast(u, node.dtype, h.kept, out, hi - lo, w, pre * INNER + INNER - 1, self.shared[u])
         return out
 
     def combine(self, h: Held, q, row, p, slo, shi, dst, whole, w, pre, groups, kept, agg):
@@ -260,7 +274,8 @@ class _Lower:
         return aux
 
     def partials(self, ts: np.ndarray, slo: np.ndarray, shi: np.ndarray, dst: np.ndarray, shape: np.ndarray,
-                 dtype: int, agg: str | None, loc: np.ndarray, pad: float, order: np.ndarray) -> np.ndarray:
+                 dtype: int, agg: str | None, loc: np.ndarray, pad: float, order: np.ndarray,
+                 shared: bool) -> np.ndarray:
         """Partials of c pieces each, one per row: ts [N, c]; slo, shi, dst [N, c, rank]."""
         n, c = ts.shape
         out = np.empty(n, dtype=np.int64)
@@ -279,7 +294,7 @@ class _Lower:
             keys = np.concatenate([ts[ok], aux[:, None], shape[ok, None], np.full((len(ok), 1), dtype),
                                    loc[ok, None]], axis=1)
             out[ok] = self.b.emit(PARTIAL, keys, order[ok], loc=loc[ok], dtype=dtype, shape=shape[ok],
-                                  aux=aux, inputs=ts[ok])
+                                  aux=aux, inputs=ts[ok], shared=shared)
         return out
 
     def constants(self, kind, dtype: str, lo, hi, w, order) -> np.ndarray:
@@ -288,7 +303,7 @@ class _Lower:
         keys = np.stack([aux, np.full(len(w), dt), w], axis=1)
         return self.b.emit(CONSTANT, keys, order, loc=w, dtype=dt, shape=self.b.shape_ids(hi - lo), aux=aux)
 
-    def cast(self, u: int, dtype: str, kept: str, t, shapes, w, order) -> np.ndarray:
+    def cast(self, u: int, dtype: str, kept: str, t, shapes, w, order, shared: bool) -> np.ndarray:
         ops = np.zeros(len(t), dtype=np.int64)
         uniq, inv = np.unique(shapes, axis=0, return_inverse=True) if shapes.shape[1] else (shapes[:1], ops)
         for j, shape in enumerate(uniq.tolist()):
@@ -297,7 +312,7 @@ class _Lower:
             ops[inv.ravel() == j] = self.b.intern("aux", op)
         keys = np.stack([ops, t, w, np.full(len(t), u)], axis=1)
         return self.b.emit(APPLY, keys, order, loc=w, node=u, dtype=self.dt(dtype),
-                           shape=self.b.shape_ids(shapes), aux=ops, inputs=t[:, None])
+                           shape=self.b.shape_ids(shapes), aux=ops, inputs=t[:, None], shared=shared)
 
     # ------------------------------------------------------------ rules per node kind
 
@@ -348,7 +363,7 @@ class _Lower:
         keys = np.concatenate([ops[:, None], args, w[:, None], np.full((nb, 1), nid)], axis=1)
         ids = self.b.emit(APPLY, keys, (np.arange(nb) * (nk + 1) + nk) * INNER, loc=w, node=nid,
                           dtype=self.dt(op.dtype), shape=self.b.shape_ids(shapes[:, :op.out_rank]), aux=ops,
-                          inputs=args)
+                          inputs=args, shared=False)
         q = out.num_blocks
         return Held(out, ids.reshape(q, nb // q), w.reshape(q, nb // q), op.dtype)
 
@@ -369,7 +384,7 @@ class _Lower:
                 aux = self.b.box_ids("input", node.name, lo, hi)
                 keys = np.stack([aux, np.full(nb, self.dt(node.dtype)), w], axis=1)
                 return self.b.emit(INPUT, keys, np.arange(nb) * INNER, loc=w, dtype=self.dt(node.dtype),
-                                   shape=self.b.shape_ids(hi - lo), aux=aux)
+                                   shape=self.b.shape_ids(hi - lo), aux=aux, shared=False)
             return self.single(nid, w, make)
         if isinstance(node, Fill):
             return self.single(nid, w, lambda lo, hi: self.constants(node.kind, node.dtype, lo, hi, w,
@@ -386,7 +401,7 @@ class _Lower:
                 src = self.fetch(node.inputs[0], *self.reads(nid, 0, lo, hi), w, np.arange(nb) * 2)
                 keys = np.stack([src, np.full(nb, self.dt(node.dtype)), self.b.shape_ids(hi - lo), w], axis=1)
                 return self.b.emit(VIEW, keys, (np.arange(nb) * 2 + 1) * INNER, loc=w, dtype=keys[:, 1],
-                                   shape=keys[:, 2], inputs=src[:, None])
+                                   shape=keys[:, 2], inputs=src[:, None], shared=self.shared[node.inputs[0]])
             return self.single(nid, w, view)
         raise TypeError(f"no lowering rule for {type(node).__name__}")
 
@@ -438,7 +453,7 @@ class _Lower:
             shi = ihi[n, fb] - ilo[n, fb]
             dst = ilo[n, fb] - lo[fb]
             out[f] = self.partials(ts, slo, shi, dst, shapes[f], dt, None, w[f], node.pad,
-                                   (f * nr + nr - 1) * INNER)
+                                   (f * nr + nr - 1) * INNER, any(self.shared[u] for u in node.inputs))
         return out
 
 
