@@ -112,3 +112,13 @@ def test_text_is_cut_short_and_dot_still_renders():
     assert sum(counts.values()) == len(cg) and counts["move"] > 0
     dot = to_dot(cg.graph.to_taskgraph())
     assert dot.count("->") >= len(cg.graph.indices)
+
+
+def test_empty_blocks_lower_to_the_same_tasks():
+    """A zero-size dimension: its boxes read nothing, lowering.py makes constants for them."""
+    g = es.Graph()
+    x = g.input("x", (0, 4))
+    g.output("y", (x * 2.0).sum(0))
+    parts = [Partition.uniform(s, [2 if n >= 2 else 1 for n in s]) for s in _shapes(g.ir)]
+    _, got, want = same(build(g.ir, Cluster(machines=2, cores=1), parts))
+    assert got.tasks == want.tasks and got.outputs == want.outputs
