@@ -96,11 +96,17 @@ class Builder:
     def box_ids(self, kind: str, tag: object, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """[N] aux ids of boxes given as lo, hi rows: the table holds ``(tag, box)``, or the
         box alone when tag is None; ``kind`` keeps the kinds' entries apart."""
+        inv = None
+        if len(lo) > 32 and lo.shape[1]:  # many rows, few distinct boxes
+            both = np.concatenate([lo, hi], axis=1)
+            _, first, inv = np.unique(void_rows(both), return_index=True, return_inverse=True)
+            lo, hi = lo[first], hi[first]
         out = []
         for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
             box = tuple(zip(a, b, strict=True))
             out.append(self.intern("aux", (kind, tag, box), box if tag is None else (tag, box)))
-        return np.array(out, dtype=np.int64)
+        ids = np.array(out, dtype=np.int64)
+        return ids if inv is None else ids[inv.ravel()]
 
     # ------------------------------------------------------------ emitting
 
