@@ -1,18 +1,30 @@
-"""Lowering cost per task for Llama-7B training (batch 8 × seq 2048) as the cluster grows.
+"""Lowering Llama-7B training (batch 8 × seq 2048) at the cluster level: tasks as arrays against objects.
 
-For each cluster it plans (EinDecomp, no baselines), then lowers the whole
-core-level TaskGraph, and prints the tasks, the lowering seconds, µs and bytes per
-task (tracemalloc's peak during lowering, over the tasks), and the process's peak
-RSS. These are the "before" numbers of issue 17: one Python object per task.
-``--level machine`` lowers the cluster-level graph instead (lower/cluster.py: one
-task per machine-level block), whose size grows with the machines, not the cores.
+For each cluster it plans (EinDecomp), then lowers the machine-level plan
+(lower/cluster.py) in this process:
+- as arrays (lower/blockwise.py, a CompactGraph), timed without tracemalloc, then
+  again under tracemalloc for its peak;
+- up to ``--objects-up-to`` machines also with lowering.py, one Python object per
+  task (what cluster_graph did before), the same way, for the ratios.
+Columns: tasks; CPU µs per task (process time: the box is shared, so wall time
+is noisy); bytes per task kept (the arrays' nbytes) and at the peak of lowering
+(tracemalloc: arrays, tables and the index of tasks made); object/array ratios;
+the process's peak RSS so far.
 
-    python benchmarks/lower_scale.py [--machines 1 2] [--cores 16] [--level core|machine] [--no-tracemalloc]
+    python benchmarks/lower_scale.py [--machines 1 4 16 32] [--cores 64] [--objects-up-to 4]
 
-tracemalloc slows lowering about 2×; ``--no-tracemalloc`` gives the time alone.
-Measured here (gradients, no optimizer; 2 shared cores under a load of about 10):
-1 × 16: 303,384 tasks, 1,713 bytes per task (tracemalloc), peak RSS 1.6 GB;
-2 × 16: 656,399 tasks, 264 s wall (401 µs per task on a ~20% CPU share), RSS 1.2 GB.
+Measured here (2 cores shared by ~8 engineers, load 6-19; AdamW, 21,164 nodes):
+
+| cluster | tasks | arrays: CPU µs/task | B/task kept | B/task peak | objects: µs/task | B/task peak |
+|---|---|---|---|---|---|---|
+| 1 × 64 | 15,053 | 354 | 37 | 2,452 | 98 | 2,294 |
+| 4 × 64 | 66,728 | 81 | 37 | 758 | 70 | 1,912 |
+| 16 × 64 | 510,310 | 18 | 37 | 307 | (98 s wall in all) | |
+| 32 × 64 | 1,240,220 | 9.9 | 37 | 264 | (132 s wall in all) | |
+
+A node costs about 250 µs whatever its blocks (numpy calls on small arrays), so
+the arrays win only from about 4 machines on; the cost per task falls as blocks
+per node grow.
 """
 
 from __future__ import annotations
@@ -24,7 +36,8 @@ import tracemalloc
 
 from einsummable.cli_plan import training_graph
 from einsummable.hardware.cluster import Cluster
-from einsummable.lower.cluster import cluster_graph
+from einsummable.lower.blockwise import lower_blocks
+from einsummable.lower.cluster import machine_plan
 from einsummable.lower.lowering import lower
 from einsummable.models.llama.model import PRESETS
 from einsummable.plan.planners import make_plan
@@ -35,39 +48,56 @@ def rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def measure(fn, plan) -> tuple[object, float, int]:
+    """(result, CPU seconds of a plain run, tracemalloc's peak bytes over a second run)."""
+    t = time.process_time()
+    out = fn(plan)
+    seconds = time.process_time() - t
+    del out
+    tracemalloc.start()
+    out = fn(plan)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return out, seconds, peak
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-7b")
-    ap.add_argument("--machines", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--cores", type=int, default=16)
+    ap.add_argument("--machines", type=int, nargs="+", default=[1, 4, 16, 32])
+    ap.add_argument("--cores", type=int, default=64)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=2048)
-    ap.add_argument("--optimizer", choices=["adamw", "none"], default="none")
-    ap.add_argument("--level", choices=["core", "machine"], default="core")
-    ap.add_argument("--no-tracemalloc", action="store_true")
+    ap.add_argument("--optimizer", choices=["adamw", "none"], default="adamw")
+    ap.add_argument("--objects-up-to", type=int, default=4,
+                    help="also lower with lowering.py up to this many machines (slow)")
     args = ap.parse_args()
     g = training_graph(PRESETS[args.model], args.batch, args.seq, args.optimizer).ir
-    print(f"{args.model} train ({args.optimizer}), batch {args.batch} x seq {args.seq}: "
-          f"{len(g.nodes)} nodes, {args.level} level")
-    print(f"{'cluster':>8} {'plan s':>7} {'tasks':>10} {'lower s':>8} {'us/task':>8} {'B/task':>7} "
-          f"{'RSS GB':>7}")
+    print(f"{args.model} train ({args.optimizer}), batch {args.batch} x seq {args.seq}: {len(g.nodes)} "
+          f"nodes; machine-level graph")
+    print("| cluster | tasks | plan s | arrays: lower CPU s | µs/task | B/task kept | B/task peak "
+          "| objects: µs/task | B/task peak | time ratio | peak ratio | RSS GB |")
+    print("|" + "---|" * 12, flush=True)
     for m in args.machines:
         cluster = Cluster(machines=m, cores=args.cores)
-        t0 = time.perf_counter()
-        plan = make_plan(g, cluster, compare=False, check_memory=False)
-        _ = plan.locs
-        t1 = time.perf_counter()
-        if not args.no_tracemalloc:
-            tracemalloc.start()
-        tg = lower(plan) if args.level == "core" else cluster_graph(plan).tg
-        t2 = time.perf_counter()
-        peak = tracemalloc.get_traced_memory()[1] if not args.no_tracemalloc else 0
-        tracemalloc.stop()
-        n = len(tg.tasks)
-        per = f"{peak / n:7.0f}" if peak else f"{'-':>7}"
-        print(f"{m:>3}x{args.cores:<4} {t1 - t0:7.1f} {n:10,d} {t2 - t1:8.1f} {(t2 - t1) / n * 1e6:8.1f} "
-              f"{per} {rss_gb():7.2f}", flush=True)
-        del tg, plan
+        t0 = time.process_time()
+        plan = machine_plan(make_plan(g, cluster, compare=False, check_memory=False))
+        planned = time.process_time() - t0
+        cg, secs, peak = measure(lower_blocks, plan)
+        n = len(cg)
+        kept = cg.memory_bytes() / n
+        row = (f"| {m} × {args.cores} | {n:,} | {planned:.0f} | {secs:.1f} | {secs / n * 1e6:.1f} "
+               f"| {kept:.0f} | {peak / n:.0f} |")
+        del cg
+        if m <= args.objects_up_to:
+            tg, osecs, opeak = measure(lower, plan)
+            assert len(tg.tasks) == n
+            del tg
+            row += (f" {osecs / n * 1e6:.1f} | {opeak / n:.0f} | {osecs / secs:.1f}× | {opeak / peak:.1f}× |")
+        else:
+            row += " - | - | - | - |"
+        print(row + f" {rss_gb():.2f} |", flush=True)
+        del plan
 
 
 if __name__ == "__main__":

@@ -154,8 +154,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
                                 "peak_rss_bytes": _peak_rss()}
         Path(args.json).write_text(json.dumps(info, indent=1) + "\n")
     if args.trace:
-        events, lanes = timeline.task_events(cg.tg, sim.sim.timeline)
-        lanes = {k: "cores" if v == "core 0" else v for k, v in lanes.items()}  # a machine's cores, as one
+        events, lanes = simulate_cluster.events(cg, sim.sim.timeline)  # a machine's cores as one lane
         timeline.write(events, args.trace, lanes, f"predicted: {args.model} on {cluster}")
 
 

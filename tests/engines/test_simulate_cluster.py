@@ -8,10 +8,11 @@ import pytest
 
 from einsummable.cli_plan import training_graph
 from einsummable.engines import simulate, simulate_cluster
+from einsummable.engines.simulate import KERNEL_SECONDS, apply_seconds
 from einsummable.hardware.cluster import Cluster
-from einsummable.lower.cluster import cluster_graph
+from einsummable.lower.cluster import cluster_graph, machine_plan
 from einsummable.lower.lowering import lower
-from einsummable.lower.taskgraph import MoveTask
+from einsummable.lower.taskgraph import ApplyTask, MoveTask
 from einsummable.models.llama.model import PRESETS
 from einsummable.plan.planners import make_plan
 
@@ -32,7 +33,7 @@ def test_with_one_core_per_machine_it_is_the_core_level_simulation(graph):
     tg = lower(plan)
     full = simulate.run(tg, cluster)
     got = simulate_cluster.run(cg)
-    assert got.machine_tasks == len(tg.tasks)
+    assert got.machine_tasks == len(tg.tasks) == len(cg)
     assert got.makespan == pytest.approx(full.makespan, rel=1e-9)
     assert got.sim.bytes_across == full.bytes_across > 0
     assert got.sim.peak_memory == full.peak_memory
@@ -42,12 +43,13 @@ def test_machines_of_cores_stay_close_to_the_core_level_simulation(graph):
     cluster = Cluster(machines=2, cores=4)
     plan = make_plan(graph, cluster, compare=False)
     cg = cluster_graph(plan)
-    cg.tg.validate()
-    assert cg.tg.workers == 2
-    moves = [t for t in cg.tg.tasks if isinstance(t, MoveTask)]
+    machine_tg = cg.graph.to_taskgraph()
+    machine_tg.validate()
+    assert cg.graph.workers == 2
+    moves = [t for t in machine_tg.tasks if isinstance(t, MoveTask)]
     assert moves and all(t.src != t.loc for t in moves)  # every move crosses a NIC
     tg = lower(plan)
-    assert len(cg.tg.tasks) < len(tg.tasks)
+    assert len(cg) < len(tg.tasks)
     full = simulate.run(tg, cluster)
     got = simulate_cluster.run(cg)
     assert got.makespan == pytest.approx(full.makespan, rel=0.25)
@@ -57,7 +59,7 @@ def test_machines_of_cores_stay_close_to_the_core_level_simulation(graph):
     out, into = got.nic_bytes()
     assert out.sum() == into.sum() == got.sim.bytes_across
     d = got.to_dict()
-    assert d["tasks"]["machine_level"] == len(cg.tg.tasks) and d["step_seconds"] == got.makespan
+    assert d["tasks"]["machine_level"] == len(cg) and d["step_seconds"] == got.makespan
 
 
 def test_timeline_spans_every_task_within_the_makespan(graph):
@@ -68,9 +70,58 @@ def test_timeline_spans_every_task_within_the_makespan(graph):
     assert (tl[:, 0] >= 0).all() and (tl[:, 1] >= tl[:, 0]).all()
     assert tl[:, 1].max() == pytest.approx(sim.makespan)
     # a machine runs one task at a time: its compute intervals never overlap
-    tasks = cluster_graph(plan).tg.tasks
+    tasks = cluster_graph(plan).graph.to_taskgraph().tasks
     for m in range(2):
         spans = sorted(tuple(tl[t]) for t, task in enumerate(tasks)
                        if task.loc == m and not isinstance(task, MoveTask))
         assert all(a[1] <= b[0] + 1e-12 for a, b in itertools.pairwise(spans))
     assert np.isfinite(tl).all()
+
+
+def object_durations(tg, cluster, split):
+    """The per-machine compute model over task objects, as simulate_cluster computed it
+    before the tasks became arrays: the oracle for the array version."""
+    out = []
+    for t, task in enumerate(tg.tasks):
+        if isinstance(task, MoveTask):
+            out.append(simulate._nbytes(task) / cluster.bandwidth_across)
+            continue
+        kernel = apply_seconds(task.op, cluster) if isinstance(task, ApplyTask) else \
+            KERNEL_SECONDS[type(task)](task, cluster)
+        n = split[t] or cluster.cores
+        k = kernel / n + cluster.task_overhead
+        out.append(max(k, n * k / cluster.cores))
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["none", "adamw"])
+@pytest.mark.parametrize("machines, cores", [(2, 4), (3, 2), (4, 8)])
+def test_the_array_replay_is_the_object_replay_event_for_event(optimizer, machines, cores):
+    """simulate.run over lowering.py's objects (with the same per-machine durations) is
+    the oracle: same makespan, links, peaks, critical path and per-task times."""
+    g = training_graph(CFG, 8, 128, optimizer).ir
+    cluster = Cluster(machines=machines, cores=cores)
+    plan = make_plan(g, cluster, compare=False, check_memory=False)
+    cg = cluster_graph(plan)
+    got = simulate_cluster.run(cg)
+    tg = lower(machine_plan(plan))
+    dur = object_durations(tg, cluster, cg.split)
+    np.testing.assert_allclose(simulate_cluster.durations(cg), dur, rtol=1e-12)
+    want = simulate.run(tg, replace(cluster, cores=1), dur)
+    assert got.makespan == want.makespan
+    assert got.sim.links == want.links and got.sim.peak_memory == want.peak_memory
+    assert got.sim.busy == pytest.approx(want.busy, rel=1e-12)
+    assert got.sim.critical_path == want.critical_path and got.sim.critical_time == want.critical_time
+    np.testing.assert_array_equal(got.sim.timeline, want.timeline)
+
+
+def test_trace_events_put_tasks_on_cores_and_moves_on_the_sender_nic(graph):
+    from einsummable.engines import trace
+
+    cg = cluster_graph(make_plan(graph, Cluster(machines=2, cores=2), compare=False))
+    sim = simulate_cluster.run(cg)
+    events, lanes = simulate_cluster.events(cg, sim.sim.timeline)
+    want, _ = trace.task_events(cg.graph.to_taskgraph(), sim.sim.timeline)
+    assert [(e.name, e.process, e.start, e.end) for e in events] == [(e.name, e.process, e.start, e.end)
+                                                                     for e in want]
+    assert set(lanes.values()) == {"cores", "NIC out"}

@@ -1,8 +1,9 @@
 """The simulator at the cluster level: machines task by task, each machine's cores in aggregate.
 
 Input: a ClusterGraph (lower/cluster.py), one task per machine-level block and
-moves between machines. The replay is engines/simulate.py's, on the cluster seen
-as machines of one worker each: moves hold the sender's NIC out-port and the
+moves between machines, as arrays (lower/compact.py). The replay is
+engines/simulate.py's, event for event, over those arrays (replay.py), on the
+cluster seen as machines of one worker each: moves hold the sender's NIC out-port and the
 receiver's in-port (full duplex, one transfer at a time each way), blocks are
 live on their machine from their task's start to their last reader's end.
 
@@ -31,12 +32,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from einsummable.engines import simulate
+from einsummable.engines.replay import replay
 from einsummable.engines.simulate import KERNEL_SECONDS, Simulation, apply_seconds
+from einsummable.engines.trace import Event
 from einsummable.errors import SimulationError
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.cluster import ClusterGraph
-from einsummable.lower.taskgraph import ApplyTask, MoveTask
+from einsummable.lower.compact import APPLY, KINDS, MOVE
 
 
 @dataclass(frozen=True)
@@ -101,34 +103,51 @@ class ClusterSimulation:
         ])
 
 
-def durations(cg: ClusterGraph) -> list[float]:
-    """Seconds each machine-level task holds its machine (a move across: its NICs)."""
-    c = cg.cluster
-    cores = c.cores
-    cache: dict[Einsummable, float] = {}
-    out = [0.0] * len(cg.tg.tasks)
-    split = cg.split.tolist()
-    for t, task in enumerate(cg.tg.tasks):
-        if isinstance(task, MoveTask):
-            out[t] = simulate._nbytes(task) / c.bandwidth_across
-            continue
-        if isinstance(task, ApplyTask):
-            if task.op not in cache:
-                cache[task.op] = apply_seconds(task.op, c)
-            kernel = cache[task.op]
-        else:
-            rule = KERNEL_SECONDS.get(type(task))
-            if rule is None:
-                raise SimulationError(f"task %{t}: no time rule for {type(task).__name__}")
-            kernel = rule(task, c)
-        n = split[t] or cores
-        k = kernel / n + c.task_overhead
-        out[t] = max(k, n * k / cores)
+def durations(cg: ClusterGraph) -> np.ndarray:
+    """Seconds each machine-level task holds its machine (a move across: its NICs).
+
+    simulate.py's rule per task, worked out once per distinct (kind, op or pieces,
+    shape, dtype): a graph of a million tasks has a few thousand."""
+    c, g = cg.cluster, cg.graph
+    n = len(g)
+    kernel = np.zeros(n)
+    move = g.kind == MOVE
+    key = np.stack([g.kind.astype(np.int64), g.aux, g.shape, g.dtype], axis=1)[~move]
+    uniq, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    rows = np.flatnonzero(~move)[first]
+    per = np.empty(len(uniq))
+    for j, t in enumerate(rows.tolist()):
+        task = g.task(t)
+        rule = KERNEL_SECONDS.get(type(task))
+        if rule is None:
+            raise SimulationError(f"task %{t}: no time rule for {type(task).__name__}")
+        per[j] = apply_seconds(task.op, c) if g.kind[t] == APPLY else rule(task, c)
+    kernel[~move] = per[inv.ravel()]
+    blocks = np.where(cg.split > 0, cg.split, c.cores).astype(float)
+    k = kernel / blocks + c.task_overhead
+    out = np.maximum(k, blocks * k / c.cores)
+    out[move] = g.nbytes()[move] / c.bandwidth_across
     return out
 
 
 def run(cg: ClusterGraph) -> ClusterSimulation:
     """Replay the machine-level graph with the per-machine compute model."""
     machines = replace(cg.cluster, cores=1)
-    sim = simulate.run(cg.tg, machines, durations(cg))
-    return ClusterSimulation(sim, cg.cluster, len(cg.tg.tasks), cg.core_blocks)
+    sim = replay(cg.graph, machines, durations(cg))
+    return ClusterSimulation(sim, cg.cluster, len(cg.graph), cg.core_blocks)
+
+
+def events(cg: ClusterGraph, times: np.ndarray) -> tuple[list[Event], dict[tuple[int, int], str]]:
+    """One timeline event per task (trace.task_events for arrays): a machine's tasks on
+    its lane of cores, a move on its sender's NIC lane."""
+    g = cg.graph
+    move = g.kind == MOVE
+    process = np.where(move, g.src, g.loc).tolist()
+    thread = move.astype(np.int64).tolist()
+    kinds = g.kind.tolist()
+    starts, ends = times[:, 0].tolist(), times[:, 1].tolist()
+    out = [Event(f"{KINDS[k]} %{t}", m, w, s, e)
+           for t, (k, m, w, s, e) in enumerate(zip(kinds, process, thread, starts, ends, strict=True))]
+    lanes = ({(m, 0): "cores" for m in set(g.loc[~move].tolist())}
+             | {(m, 1): "NIC out" for m in set(g.src[move].tolist())})
+    return out, lanes

@@ -15,7 +15,11 @@ costs a task on its machine from that, with the cores' rates, as the planner's
 two-level cost does, so nobody builds the core-level graph.
 
     cg = cluster_graph(plan)          # plan from make_plan(g, Cluster(machines=32, cores=64))
-    len(cg.tg), cg.core_blocks        # tasks at the machine level, blocks at the core level
+    len(cg), cg.core_blocks           # tasks at the machine level, blocks at the core level
+
+The graph is a CompactGraph (lower/compact.py: tasks as numpy arrays), lowered a
+node at a time over arrays of blocks (lower/blockwise.py): the same tasks, in the
+same order, as lowering.py makes for the machine-level plan.
 """
 
 from __future__ import annotations
@@ -27,24 +31,30 @@ import numpy as np
 
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import Fill
-from einsummable.lower.lowering import lower
-from einsummable.lower.taskgraph import ApplyTask, TaskGraph
+from einsummable.lower.blockwise import lower_blocks
+from einsummable.lower.compact import APPLY, CompactGraph
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
 from einsummable.plan.planners import formations_follow
-from einsummable.plan.twolevel import TwoLevel, locations, nested
+from einsummable.plan.twolevel import TwoLevel, nested
 
 Counts = tuple[int, ...]
 
 
 @dataclass(frozen=True, eq=False)
 class ClusterGraph:
-    """A TaskGraph over machines (``tg.workers == cluster.machines``, one worker each)."""
+    """A TaskGraph over machines (``graph.workers == cluster.machines``, one worker each), as arrays."""
 
-    tg: TaskGraph
+    graph: CompactGraph
     cluster: Cluster  # the real cluster: machines × cores
     split: np.ndarray  # [tasks] core-level blocks of each task (0: spread over all cores)
     core_blocks: int  # blocks of the core-level plan (its apply, input and partial tasks, before moves)
+
+    def __len__(self) -> int:
+        return len(self.graph)
+
+    def __str__(self) -> str:
+        return f"cluster-level graph on {self.cluster}, {self.core_blocks:,} core-level blocks\n{self.graph}"
 
 
 def levels(plan: Plan) -> TwoLevel:
@@ -67,23 +77,21 @@ def machine_plan(plan: Plan) -> Plan:
     parts = formations_follow(g, sps, parts)
 
     def where(v: int) -> np.ndarray:
-        if not live[v]:
-            return np.zeros(parts[v].num_blocks, dtype=np.int64)
-        return locations(top, v, mcluster, 0)
+        """``locations`` with one core per machine: block b (row-major) on machine b % machines."""
+        n = parts[v].num_blocks
+        return np.arange(n, dtype=np.int64) % mcluster.machines if live[v] else np.zeros(n, dtype=np.int64)
 
     return Plan(g, mcluster, plan.planner, sps, parts, plan.summary, where, free_formations=True, levels=top)
 
 
 def cluster_graph(plan: Plan) -> ClusterGraph:
-    """Lower ``plan`` at the machine level; the core level is only counted."""
+    """Lower ``plan`` at the machine level, into arrays; the core level is only counted."""
     tl = levels(plan)
-    tg = lower(machine_plan(plan))
-    within = [math.prod(c) for c in tl.cc]
-    split = np.zeros(len(tg.tasks), dtype=np.int64)
-    for t, task in enumerate(tg.tasks):
-        if isinstance(task, ApplyTask) and task.node >= 0:
-            split[t] = within[task.node]
+    cg = lower_blocks(machine_plan(plan))
+    within = np.array([math.prod(c) for c in tl.cc], dtype=np.int64)
+    apply = (cg.kind == APPLY) & (cg.node >= 0)
+    split = np.where(apply, within[np.where(apply, cg.node, 0)], 0)
     g, live = plan.graph, plan.graph.live()
     core_blocks = sum(math.prod(tl.counts(v)) for v, node in enumerate(g.nodes)
                       if live[v] and not isinstance(node, Fill))
-    return ClusterGraph(tg, plan.cluster, split, core_blocks)
+    return ClusterGraph(cg, plan.cluster, split, core_blocks)

@@ -1,0 +1,237 @@
+"""Building a CompactGraph a node at a time: tasks emitted in batches of arrays.
+
+Lowering.py adds one task object at a time and reuses an identical task already
+made (``add``). Here a node's tasks arrive in batches (all moves of the node at
+once, all applies at once...), as rows of integer keys that say what makes the
+task itself: a row equal to a task already made is that task. A task new in this
+node gets a temporary id; its ``order`` (where lowering.py would make it: block,
+operand, piece, step) decides its final place when the node is done, so the
+arrays come out in exactly lowering.py's order, and every id handed out during the
+node is renumbered then (``finish``).
+
+    b = Builder(workers, cores)
+    ids = b.emit(MOVE, keys, order, loc=..., src=..., dtype=..., shape=..., aux=..., inputs=...)
+    remap = b.finish()      # once per node: temporary ids -> final ids
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import numpy as np
+
+from einsummable.lower.compact import KINDS, CompactGraph
+from einsummable.lower.taskgraph import Output
+
+COLUMNS = ("kind", "loc", "src", "node", "dtype", "shape", "aux")
+TYPES = (np.uint8, np.int32, np.int32, np.int32, np.uint8, np.int32, np.int32)
+
+
+def void_rows(keys: np.ndarray) -> np.ndarray:
+    """Rows of an int64 matrix as one opaque value each, for np.unique and bytes keys."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    return keys.view(np.dtype((np.void, 8 * keys.shape[1]))).ravel()
+
+
+class Remap:
+    """Temporary ids (from ``base`` on) to final ids; ids below ``base`` stay."""
+
+    def __init__(self, base: int, final: np.ndarray) -> None:
+        self.base, self.final = base, final
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        new = ids >= self.base
+        if not new.any():
+            return ids
+        out = ids.copy()
+        out[new] = self.final[ids[new] - self.base]
+        return out
+
+
+class Builder:
+    def __init__(self, workers: int, cores: int) -> None:
+        self.workers, self.cores = workers, cores
+        self.n = 0  # tasks finished (ids below n are final)
+        self.done: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+        self.done_lengths: list[np.ndarray] = []
+        self.done_indices: list[np.ndarray] = []
+        self.index: list[dict[Hashable, int]] = [{} for _ in KINDS]  # identical tasks are one
+        self.tables: dict[str, dict[Hashable, int]] = {"shape": {}, "dtype": {}, "aux": {}}
+        self.lists: dict[str, list] = {"shape": [], "dtype": [], "aux": []}
+        self._reset()
+
+    def _reset(self) -> None:
+        self.cols: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+        self.order: list[np.ndarray] = []
+        self.lengths: list[np.ndarray] = []
+        self.flat: list[np.ndarray] = []
+        self.lowered: list[tuple[np.ndarray, np.ndarray]] = []  # (temporary ids, order): min with their order
+        self.fresh: list[tuple[dict, Hashable]] = []  # dict entries holding temporary ids
+        self.count = 0  # tasks new in this node
+
+    # ------------------------------------------------------------ tables
+
+    def intern(self, table: str, key: Hashable, value: object = None) -> int:
+        """The id of ``key`` in a table, which holds ``value`` (default: the key itself)."""
+        d = self.tables[table]
+        i = d.get(key)
+        if i is None:
+            i = d[key] = len(self.lists[table])
+            self.lists[table].append(key if value is None else value)
+        return i
+
+    def shape_ids(self, shapes: np.ndarray) -> np.ndarray:
+        """[N] shape ids of an [N, rank] matrix of shapes (a few distinct rows: a dict beats np.unique)."""
+        d, table = self.tables["shape"], self.lists["shape"]
+        out = []
+        for row in map(tuple, shapes.tolist()):
+            i = d.get(row)
+            if i is None:
+                i = d[row] = len(table)
+                table.append(row)
+            out.append(i)
+        return np.array(out, dtype=np.int64)
+
+    def box_ids(self, kind: str, tag: object, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """[N] aux ids of boxes given as lo, hi rows: the table holds ``(tag, box)``, or the
+        box alone when tag is None; ``kind`` keeps the kinds' entries apart."""
+        inv = None
+        if len(lo) > 32 and lo.shape[1]:  # many rows, few distinct boxes
+            both = np.concatenate([lo, hi], axis=1)
+            _, first, inv = np.unique(void_rows(both), return_index=True, return_inverse=True)
+            lo, hi = lo[first], hi[first]
+        out = []
+        for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+            box = tuple(zip(a, b, strict=True))
+            out.append(self.intern("aux", (kind, tag, box), box if tag is None else (tag, box)))
+        ids = np.array(out, dtype=np.int64)
+        return ids if inv is None else ids[inv.ravel()]
+
+    # ------------------------------------------------------------ emitting
+
+    def emit(self, kind: int, keys: np.ndarray, order: np.ndarray, *, loc, src=None, node=-1, dtype, shape,
+             aux=-1, inputs: np.ndarray | None = None, shared: bool = True) -> np.ndarray:
+        """Ids of the tasks whose identities are the rows of ``keys`` [N, c] (equal rows: one task).
+
+        Column arguments are [N] arrays or scalars; ``inputs`` is [N, k]. ``shared=False``:
+        no other batch can make these tasks (an apply names its node; a move reads a
+        block that only this node reads), so they are not remembered: most tasks are
+        not, which keeps the index, and the memory of lowering, small."""
+        n = len(keys)
+        if not n:
+            return np.zeros(0, dtype=np.int64)
+        uniq, first, inv = np.unique(void_rows(keys), return_index=True, return_inverse=True)
+        inv = inv.ravel()
+        low = np.asarray(order, dtype=np.int64)[first]
+        if len(uniq) < n:
+            np.minimum.at(low, inv, order)
+        base = self.n + self.count
+        if not shared:
+            ids = np.arange(base, base + len(uniq), dtype=np.int64)
+            new: list[int] | np.ndarray = np.arange(len(uniq))
+        else:
+            blob, width = uniq.tobytes(), uniq.dtype.itemsize
+            d = self.index[kind]
+            ids = np.empty(len(uniq), dtype=np.int64)
+            new = []
+            for j in range(len(uniq)):
+                key = blob[j * width:(j + 1) * width]
+                t = d.get(key)
+                if t is None:
+                    t = d[key] = base + len(new)
+                    self.fresh.append((d, key))
+                    new.append(j)
+                ids[j] = t
+            pending = ids >= self.n
+            if pending.any():
+                self.lowered.append((ids[pending], low[pending]))
+        if len(new):
+            pick = first[new]
+            m = len(new)
+
+            def col(x, dt):
+                return np.full(m, x, dtype=dt) if np.isscalar(x) else np.asarray(x)[pick].astype(dt)
+
+            self.cols["kind"].append(np.full(m, kind, dtype=np.uint8))
+            self.cols["loc"].append(col(loc, np.int32))
+            self.cols["src"].append(col(loc if src is None else src, np.int32))
+            self.cols["node"].append(col(node, np.int32))
+            self.cols["dtype"].append(col(dtype, np.uint8))
+            self.cols["shape"].append(col(shape, np.int32))
+            self.cols["aux"].append(col(aux, np.int32))
+            self.order.append(low[new])
+            k = 0 if inputs is None else inputs.shape[1]
+            self.lengths.append(np.full(m, k, dtype=np.int64))
+            if k:
+                self.flat.append(inputs[pick].ravel().astype(np.int64))
+            self.count += m
+        return ids[inv]
+
+    def emit_one(self, kind: int, key: Hashable, order: int, *, loc: int, dtype: int, shape: int, aux: int,
+                 inputs: tuple[int, ...], node: int = -1) -> int:
+        """One task, from a Python key (partials: their pieces vary in number)."""
+        d = self.index[kind]
+        t = d.get(key)
+        if t is not None:
+            if t >= self.n:
+                self.lowered.append((np.array([t]), np.array([order])))
+            return t
+        t = d[key] = self.n + self.count
+        self.fresh.append((d, key))
+        for c, v in (("kind", kind), ("loc", loc), ("src", loc), ("node", node), ("dtype", dtype),
+                     ("shape", shape), ("aux", aux)):
+            self.cols[c].append(np.array([v], dtype=TYPES[COLUMNS.index(c)]))
+        self.order.append(np.array([order], dtype=np.int64))
+        self.lengths.append(np.array([len(inputs)], dtype=np.int64))
+        if inputs:
+            self.flat.append(np.array(inputs, dtype=np.int64))
+        self.count += 1
+        return t
+
+    def remember(self, d: dict, key: Hashable, t: int) -> None:
+        """A cache entry (a fetch) that may hold a temporary id until ``finish``."""
+        d[key] = t
+        if t >= self.n:
+            self.fresh.append((d, key))
+
+    def finish(self) -> Remap:
+        """Put this node's new tasks in lowering.py's order; returns the map of the ids
+        handed out during the node to their final ids."""
+        m, base = self.count, self.n
+        if not m:
+            self._reset()
+            return Remap(base, np.zeros(0, dtype=np.int64))
+        order = np.concatenate(self.order)
+        for ids, low in self.lowered:
+            np.minimum.at(order, ids - base, low)
+        perm = np.argsort(order, kind="stable")
+        final = np.empty(m, dtype=np.int64)
+        final[perm] = np.arange(base, base + m)
+        remap = Remap(base, final)
+        for c in COLUMNS:
+            self.done[c].append(np.concatenate(self.cols[c])[perm])
+        lengths = np.concatenate(self.lengths)
+        flat = remap(np.concatenate(self.flat)) if self.flat else np.zeros(0, dtype=np.int64)
+        starts = np.cumsum(lengths) - lengths
+        plen = lengths[perm]
+        gather = np.repeat(starts[perm] - (np.cumsum(plen) - plen), plen) + np.arange(plen.sum())
+        self.done_lengths.append(plen)
+        self.done_indices.append(flat[gather].astype(np.int32))
+        for d, key in self.fresh:
+            v = d[key]
+            if v >= base:
+                d[key] = int(final[v - base])
+        self.n += m
+        self._reset()
+        return remap
+
+    def graph(self, outputs: dict[str, Output]) -> CompactGraph:
+        cols = {c: np.concatenate(self.done[c]) if self.done[c] else np.zeros(0, dtype=t)
+                for c, t in zip(COLUMNS, TYPES, strict=True)}
+        lengths = np.concatenate(self.done_lengths) if self.done_lengths else np.zeros(0, dtype=np.int64)
+        indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        indices = np.concatenate(self.done_indices) if self.done_indices else np.zeros(0, dtype=np.int32)
+        return CompactGraph(**cols, indptr=indptr, indices=indices, dtypes=tuple(self.lists["dtype"]),
+                            shapes=tuple(self.lists["shape"]), aux_table=tuple(self.lists["aux"]),
+                            outputs=outputs, workers=self.workers, cores=self.cores)
