@@ -3,7 +3,7 @@
 - Across machines: the bytes of the level-1 cost model (cost.py over the machines,
   one copy per machine: the cores of a machine share what it receives), each
   charged to the NIC out of the machines holding the producer and the NIC in of the
-  machines running the reader (block b of a node on machine b % machines).
+  machines running the reader (twolevel.spread places the blocks).
 - Within a machine: the inner cost model's bytes for one machine, times the machines.
 - Compute: every block's kernel seconds on its core (summary.node_seconds), with
   the block layout of twolevel.locations, summed per core.
@@ -23,7 +23,7 @@ from einsummable.plan.cost import CostModel
 from einsummable.plan.memory import Memory
 from einsummable.plan.space import Space
 from einsummable.plan.summary import Summary, critical_path, node_seconds
-from einsummable.plan.twolevel import TwoLevel, rotations
+from einsummable.plan.twolevel import TwoLevel, rotations, spread
 
 
 def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
@@ -43,12 +43,12 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
     a machine."""
     nic_in, nic_out = np.zeros(machines), np.zeros(machines)
     at = [model.index(v, c) for v, c in enumerate(cm)]
-    spread = [np.arange(math.prod(c)) % machines for c in cm]
+    where = [spread(math.prod(c), machines) for c in cm]
 
     def charge(nbytes: float, src: int, dst: int) -> None:
         if nbytes > 0:
-            np.add.at(nic_out, spread[src], nbytes / len(spread[src]))
-            np.add.at(nic_in, spread[dst], nbytes / len(spread[dst]))
+            np.add.at(nic_out, where[src], nbytes / len(where[src]))
+            np.add.at(nic_in, where[dst], nbytes / len(where[dst]))
 
     seen: set[tuple] = set()
     for v, node in enumerate(g.nodes):
@@ -80,7 +80,7 @@ def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Clust
         if not live[v] or isinstance(node, InputNode | Fill):
             continue
         nm, nc = math.prod(tl.cm[v]), math.prod(tl.cc[v])
-        rows = np.arange(nm) % cluster.machines
+        rows = spread(nm, cluster.machines)
         cols = (rot + np.arange(nc)) % cluster.cores
         cell = np.ix_(rows, cols)
         np.add.at(secs, cell, node_seconds(node, cluster) / (nm * nc) + cluster.task_overhead)
