@@ -21,6 +21,7 @@ from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
 from einsummable.plan.cost import CostModel
 from einsummable.plan.memory import Memory
+from einsummable.plan.overlap import Transfer, step_seconds
 from einsummable.plan.space import Space
 from einsummable.plan.summary import Summary, critical_path, node_seconds
 from einsummable.plan.twolevel import TwoLevel, rotations, spread
@@ -28,8 +29,20 @@ from einsummable.plan.twolevel import TwoLevel, rotations, spread
 
 def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
               machines: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes into and out of each machine's NIC, leaving the machines that hold the
-    producer's blocks and entering those that run the reader's, evenly.
+    """Bytes into and out of each machine's NIC: every charge of ``charges`` leaves the
+    machines that hold the producer's blocks and enters those that run the reader's, evenly."""
+    nic_in, nic_out = np.zeros(machines), np.zeros(machines)
+    where = [spread(math.prod(c), machines) for c in cm]
+    for src, dst, nbytes in charges(g, model, cm, live):
+        np.add.at(nic_out, where[src], nbytes / len(where[src]))
+        np.add.at(nic_in, where[dst], nbytes / len(where[dst]))
+    return nic_in, nic_out
+
+
+def charges(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]],
+            live: Sequence[bool]) -> list[tuple[int, int, float]]:
+    """(producer, reader, bytes) of every transfer across machines; a partial sum sent to its
+    formation is (node, node, bytes).
 
     The bytes are those of the level-1 cost model (``gather_once``: c copies of an
     operand, a share f in place, receive ``|X| max(c (1 - f), c - 1)``), except that
@@ -41,15 +54,8 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
     A machine receives each piece once and sends one partial sum (its cores share
     memory); the lowering does the same, relaying pieces and summing partials inside
     a machine."""
-    nic_in, nic_out = np.zeros(machines), np.zeros(machines)
+    out = []
     at = [model.index(v, c) for v, c in enumerate(cm)]
-    where = [spread(math.prod(c), machines) for c in cm]
-
-    def charge(nbytes: float, src: int, dst: int) -> None:
-        if nbytes > 0:
-            np.add.at(nic_out, where[src], nbytes / len(where[src]))
-            np.add.at(nic_in, where[dst], nbytes / len(where[dst]))
-
     seen: set[tuple] = set()
     for v, node in enumerate(g.nodes):
         if not live[v]:
@@ -65,10 +71,22 @@ def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
             copies = n // math.prod(need)
             if (u, need, copies) not in seen:
                 seen.add((u, need, copies))
-                charge(model.edge_at(u, v, k, cm, at), u, v)
+                out.append((u, v, model.edge_at(u, v, k, cm, at)))
         if sp.aggregated:
-            charge(model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0), v, v)
-    return nic_in, nic_out
+            out.append((v, v, model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0)))
+    return [c for c in out if c[2] > 0]
+
+
+def transfers(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
+              machines: int) -> list[Transfer]:
+    """The charges as NIC jobs for overlap.step_seconds: bytes on the busiest machine's NIC."""
+    where = [spread(math.prod(c), machines) for c in cm]
+
+    def busiest(v: int, nbytes: float) -> float:
+        return nbytes * float(np.bincount(where[v]).max()) / len(where[v])
+
+    return [Transfer(src, -1 if src == dst else dst, max(busiest(src, nb), busiest(dst, nb)))
+            for src, dst, nb in charges(g, model, cm, live)]
 
 
 def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Cluster,
@@ -94,6 +112,10 @@ def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel,
     nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines)
     secs, flops = core_seconds(g, sps, tl, cluster, live)
     busiest = float(max(nic_in.max(), nic_out.max()))
+    blocks = [math.prod(tl.cc[v]) * -(-math.prod(tl.cm[v]) // cluster.machines) for v in range(len(g.nodes))]
+    block = [node_seconds(node, cluster) / math.prod(tl.counts(v)) + cluster.task_overhead
+             for v, node in enumerate(g.nodes)]
+    step = step_seconds(g, live, block, blocks, transfers(g, model, tl.cm, live, cluster.machines), cluster)
     return Summary(
         flops=tuple(float(f) for f in flops.ravel()),
         bytes_within=within,
@@ -105,4 +127,5 @@ def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel,
         network_seconds=busiest / cluster.bandwidth_across,
         memory=memory,
         capacity=cluster.memory_per_machine,
+        overlapped_seconds=step,
     )

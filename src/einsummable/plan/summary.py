@@ -100,6 +100,8 @@ class Summary:
     network_seconds: float = 0.0
     memory: Memory | None = None  # the busiest machine's peak
     capacity: float = math.inf  # memory per machine
+    # the step with transfers overlapping compute (plan/overlap.py), where the planner replayed it
+    overlapped_seconds: float | None = None
 
     @property
     def bytes_moved(self) -> float:
@@ -113,6 +115,8 @@ class Summary:
 
     @property
     def step_seconds(self) -> float:
+        if self.overlapped_seconds is not None:
+            return self.overlapped_seconds
         return self.compute_seconds + self.network_seconds
 
     @property
