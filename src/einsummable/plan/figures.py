@@ -23,7 +23,7 @@ from einsummable.plan.cost import CostModel
 from einsummable.plan.memory import Memory
 from einsummable.plan.overlap import Transfer, step_seconds
 from einsummable.plan.space import Space
-from einsummable.plan.summary import Summary, critical_path, node_seconds
+from einsummable.plan.summary import Summary, critical_path, node_seconds, partial_seconds
 from einsummable.plan.twolevel import TwoLevel, rotations, spread
 
 
@@ -90,8 +90,9 @@ def transfers(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live
 
 
 def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Cluster,
-                 live: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
-    """[machines, cores] kernel seconds and flops of the blocks each core runs."""
+                 live: Sequence[bool], extra: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """[machines, cores] kernel seconds and flops of the blocks each core runs; ``extra``: the
+    partial sums' seconds per node (summary.partial_seconds)."""
     secs = np.zeros((cluster.machines, cluster.cores))
     flops = np.zeros((cluster.machines, cluster.cores))
     for v, (node, rot) in enumerate(zip(g.nodes, rotations(tl, cluster.cores), strict=True)):
@@ -101,7 +102,7 @@ def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Clust
         rows = spread(nm, cluster.machines)
         cols = (rot + np.arange(nc)) % cluster.cores
         cell = np.ix_(rows, cols)
-        np.add.at(secs, cell, node_seconds(node, cluster) / (nm * nc) + cluster.task_overhead)
+        np.add.at(secs, cell, (node_seconds(node, cluster) + extra[v]) / (nm * nc) + cluster.task_overhead)
         np.add.at(flops, cell, sps[v].flops / (nm * nc))
     return secs, flops
 
@@ -110,10 +111,12 @@ def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel,
               live: Sequence[bool], memory: Memory, model_bytes: float, within: float) -> Summary:
     """``model``: the level-1 cost model (over the machines)."""
     nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines)
-    secs, flops = core_seconds(g, sps, tl, cluster, live)
+    counts = [tl.counts(v) for v in range(len(g.nodes))]
+    extra = partial_seconds(g, sps, counts, cluster, tl.cm)
+    secs, flops = core_seconds(g, sps, tl, cluster, live, extra)
     busiest = float(max(nic_in.max(), nic_out.max()))
     blocks = [math.prod(tl.cc[v]) * -(-math.prod(tl.cm[v]) // cluster.machines) for v in range(len(g.nodes))]
-    block = [node_seconds(node, cluster) / math.prod(tl.counts(v)) + cluster.task_overhead
+    block = [(node_seconds(node, cluster) + extra[v]) / math.prod(counts[v]) + cluster.task_overhead
              for v, node in enumerate(g.nodes)]
     step = step_seconds(g, live, block, blocks, transfers(g, model, tl.cm, live, cluster.machines), cluster)
     return Summary(
@@ -121,8 +124,8 @@ def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel,
         bytes_within=within,
         bytes_across=float(nic_in.sum()),
         model_bytes=model_bytes,
-        compute_seconds=max(float(secs.max()), critical_path(g, live, [math.prod(tl.counts(v)) for v in
-                                                                       range(len(g.nodes))], cluster)),
+        compute_seconds=max(float(secs.max()), critical_path(g, live, [math.prod(c) for c in counts], cluster,
+                                                             extra)),
         nic_bytes=busiest,
         network_seconds=busiest / cluster.bandwidth_across,
         memory=memory,
