@@ -26,12 +26,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.graph import Fill
+from einsummable.ir.graph import Fill, Formation
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import ApplyTask, TaskGraph
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
 from einsummable.plan.planners import formations_follow
+from einsummable.plan.summary import partial_seconds
 from einsummable.plan.twolevel import TwoLevel, locations, nested
 
 Counts = tuple[int, ...]
@@ -45,6 +46,9 @@ class ClusterGraph:
     cluster: Cluster  # the real cluster: machines × cores
     split: np.ndarray  # [tasks] core-level blocks of each task (0: spread over all cores)
     core_blocks: int  # blocks of the core-level plan (its apply, input and partial tasks, before moves)
+    # [tasks] seconds of one core that the task's core blocks spend adding partial sums and assembling
+    # repartitioned operands inside the machine (summary.partial_seconds), all its core blocks together
+    within: np.ndarray | None = None
 
 
 def levels(plan: Plan) -> TwoLevel:
@@ -79,11 +83,20 @@ def cluster_graph(plan: Plan) -> ClusterGraph:
     tl = levels(plan)
     tg = lower(machine_plan(plan))
     within = [math.prod(c) for c in tl.cc]
+    g, live = plan.graph, plan.graph.live()
+    extra = partial_seconds(g, plan.spaces, [tl.counts(v) for v in range(len(g.nodes))], plan.cluster, tl.cm)
+    for v, node in enumerate(g.nodes):
+        # a formation's sums follow its einsum's blocks, one formation block per core: charged to
+        # the einsum's task so that its n core blocks each carry one formation block's sums
+        if isinstance(node, Formation) and extra[v]:
+            u = node.inputs[0]
+            extra[u] += extra[v] * within[u] / max(1, math.prod(tl.cc[v]))
     split = np.zeros(len(tg.tasks), dtype=np.int64)
+    seconds = np.zeros(len(tg.tasks))
     for t, task in enumerate(tg.tasks):
         if isinstance(task, ApplyTask) and task.node >= 0:
             split[t] = within[task.node]
-    g, live = plan.graph, plan.graph.live()
+            seconds[t] = extra[task.node] / math.prod(tl.cm[task.node])
     core_blocks = sum(math.prod(tl.counts(v)) for v, node in enumerate(g.nodes)
                       if live[v] and not isinstance(node, Fill))
-    return ClusterGraph(tg, plan.cluster, split, core_blocks)
+    return ClusterGraph(tg, plan.cluster, split, core_blocks, seconds)

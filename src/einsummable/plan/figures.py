@@ -24,6 +24,7 @@ from einsummable.plan.memory import Memory
 from einsummable.plan.overlap import Transfer, step_seconds
 from einsummable.plan.space import Space
 from einsummable.plan.summary import Summary, critical_path, node_seconds, partial_seconds
+from einsummable.plan.traffic import machine_edges
 from einsummable.plan.twolevel import TwoLevel, rotations, spread
 
 
@@ -77,18 +78,6 @@ def charges(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]],
     return [c for c in out if c[2] > 0]
 
 
-def transfers(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
-              machines: int) -> list[Transfer]:
-    """The charges as NIC jobs for overlap.step_seconds: bytes on the busiest machine's NIC."""
-    where = [spread(math.prod(c), machines) for c in cm]
-
-    def busiest(v: int, nbytes: float) -> float:
-        return nbytes * float(np.bincount(where[v]).max()) / len(where[v])
-
-    return [Transfer(src, -1 if src == dst else dst, max(busiest(src, nb), busiest(dst, nb)))
-            for src, dst, nb in charges(g, model, cm, live)]
-
-
 def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Cluster,
                  live: Sequence[bool], extra: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     """[machines, cores] kernel seconds and flops of the blocks each core runs; ``extra``: the
@@ -110,15 +99,21 @@ def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Clust
 def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel, cluster: Cluster,
               live: Sequence[bool], memory: Memory, model_bytes: float, within: float) -> Summary:
     """``model``: the level-1 cost model (over the machines)."""
-    nic_in, nic_out = nic_bytes(g, model, tl.cm, live, cluster.machines)
+    edges = machine_edges(g, sps, tl.cm, live, cluster.machines)
+    nic_out = sum((e[2] for e in edges), np.zeros(cluster.machines))
+    nic_in = sum((e[3] for e in edges), np.zeros(cluster.machines))
+    busiest = float(max(nic_in.max(), nic_out.max()))
     counts = [tl.counts(v) for v in range(len(g.nodes))]
     extra = partial_seconds(g, sps, counts, cluster, tl.cm)
     secs, flops = core_seconds(g, sps, tl, cluster, live, extra)
-    busiest = float(max(nic_in.max(), nic_out.max()))
     blocks = [math.prod(tl.cc[v]) * -(-math.prod(tl.cm[v]) // cluster.machines) for v in range(len(g.nodes))]
     block = [(node_seconds(node, cluster) + extra[v]) / math.prod(counts[v]) + cluster.task_overhead
              for v, node in enumerate(g.nodes)]
-    step = step_seconds(g, live, block, blocks, transfers(g, model, tl.cm, live, cluster.machines), cluster)
+    # each edge on the machine it loads most; scaled so that they add up to the busiest NIC
+    peaks = [float(max(sent.max(), came.max())) for _, _, sent, came in edges]
+    scale = busiest / sum(peaks) if peaks else 1.0
+    moves = [Transfer(u, v, p * scale) for (u, v, _, _), p in zip(edges, peaks, strict=True)]
+    step = step_seconds(g, live, block, blocks, moves, cluster)
     return Summary(
         flops=tuple(float(f) for f in flops.ravel()),
         bytes_within=within,

@@ -117,7 +117,7 @@ def assembly_seconds(g: EinGraph, sps: Sequence, counts: Sequence[Sequence[int]]
     partition, at either level), the lowering builds each block it reads from
     pieces on the reader's core: a partial that writes the block and copies its
     pieces in, twice the block's bytes at ``copy_bandwidth``. Matching partitions
-    read the producer's blocks as they are."""
+    read the producer's blocks as they are; a select reads only its slice."""
     out = [0.0] * len(g.nodes)
     for v, node in enumerate(g.nodes):
         sp = sps[v]
@@ -133,6 +133,8 @@ def assembly_seconds(g: EinGraph, sps: Sequence, counts: Sequence[Sequence[int]]
                 continue
             need = math.prod(counts[v][d] for d in sp.operands[k] if d is not None)
             read = math.prod(g.nodes[u].shape) * itemsize(g.nodes[u].dtype) / need
+            if isinstance(node, Select):  # a slice reads its pieces, no more than it holds
+                read = min(read, math.prod(node.shape) * itemsize(node.dtype) / need)
             out[v] += 2 * read * min(math.prod(counts[v]), need * cluster.workers) / cluster.copy_bandwidth
     return out
 
