@@ -1,12 +1,15 @@
 """The figures of a two-level plan, computed at two small scales instead of per core.
 
-- Across machines: the bytes of the level-1 cost model (cost.py over the machines,
-  one copy per machine: the cores of a machine share what it receives), each
-  charged to the NIC out of the machines holding the producer and the NIC in of the
-  machines running the reader (twolevel.spread places the blocks).
+- Across machines: the bytes the lowering moves (``machine_edges``, one copy per
+  machine: the cores of a machine share what it receives), out of the machines
+  holding the producer and into those running the reader (twolevel.spread places
+  the blocks). The level-1 cost model's charges (``nic_bytes``) score the search's
+  candidates, where exact overlaps for every candidate would cost too much.
 - Within a machine: the inner cost model's bytes for one machine, times the machines.
-- Compute: every block's kernel seconds on its core (summary.node_seconds), with
-  the block layout of twolevel.locations, summed per core.
+- Compute: every block's kernel seconds on its core (summary.node_seconds, plus the
+  partial sums' and repartitions' memory work), with the block layout of
+  twolevel.locations, summed per core.
+- The step: the node-by-node replay of overlap.py.
 So a plan for 32 × 64 workers costs blocks × 32 and blocks × 64, never × 2048.
 """
 
@@ -24,8 +27,8 @@ from einsummable.plan.memory import Memory
 from einsummable.plan.overlap import Transfer, step_seconds
 from einsummable.plan.space import Space
 from einsummable.plan.summary import Summary, critical_path, node_seconds, partial_seconds
-from einsummable.plan.traffic import machine_edges
-from einsummable.plan.twolevel import TwoLevel, rotations, spread
+from einsummable.plan.traffic import Holders, edge_cost, holders
+from einsummable.plan.twolevel import TwoLevel, nested, rotations, spread
 
 
 def nic_bytes(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]], live: Sequence[bool],
@@ -76,6 +79,58 @@ def charges(g: EinGraph, model: CostModel, cm: Sequence[tuple[int, ...]],
         if sp.aggregated:
             out.append((v, v, model.bytes[v] * (math.prod(cm[v][d] for d in sp.aggregated) - 1.0)))
     return [c for c in out if c[2] > 0]
+
+
+def machine_edges(g: EinGraph, sps: Sequence[Space], cm: Sequence[tuple[int, ...]], live: Sequence[bool],
+                  machines: int) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
+    """(producer, reader, bytes out of each machine, bytes into each machine) of every edge
+    whose lowering crosses machines, for a two-level plan's counts across machines laid out
+    as twolevel.spread lays them: the rules of this module at one worker per machine.
+
+    A machine receives a read block once (however many blocks or readers of the same
+    pieces read it there: the lowering relays it to its cores), and every machine holding
+    partial sums of it sends their sum. The cost model's share in place assumes aligned
+    blocks; this is the overlap the lowering finds (at 16 machines a (2, 2, 4) logits
+    block read (8, 2, 1) moves bytes the share counts as in place)."""
+    where = np.arange(machines)
+    parts = [nested(sp.shape, c, (1,) * len(c)) for sp, c in zip(sps, cm, strict=True)]
+    locs = [spread(p.num_blocks, machines) for p in parts]
+    held: dict[int, Holders] = {}
+    got: dict[tuple[int, object], set[int]] = {}
+    out = []
+    for v, node in enumerate(g.nodes):
+        if not live[v] or not any(math.prod(c) > 1 for c in (cm[v], *(cm[u] for u in node.inputs))):
+            continue
+        if isinstance(node, Formation) and not sps[node.inputs[0]].aggregated:
+            continue
+        for k, u in enumerate(node.inputs):
+            if isinstance(g.nodes[u], Fill):
+                continue
+            if u not in held:
+                held[u] = holders(sps[u], parts[u], tuple(int(x) for x in locs[u]))
+            ec = edge_cost(g, v, k, sps[v], parts[v], held[u], where)
+            pairs = np.unique(ec.key * machines + locs[v])
+            seen = got.setdefault((u, ec.tag), set())
+            pairs = np.array([p for p in pairs.tolist() if p not in seen], dtype=np.int64)
+            seen.update(pairs.tolist())
+            if not len(pairs):
+                continue
+            r, dst = pairs // machines, pairs % machines
+            codes, nbytes = ec.on_worker  # (read block * machines + holder machine, bytes), sorted
+            lo = np.searchsorted(codes, r * machines)
+            hi = np.searchsorted(codes, r * machines + machines)
+            n = hi - lo
+            pos = np.repeat(np.arange(len(r)), n)
+            idx = np.repeat(lo, n) + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+            src = codes[idx] % machines
+            moved = src != dst[pos]
+            b = nbytes[idx][moved]
+            if not len(b):
+                continue
+            sent = np.bincount(src[moved], weights=b, minlength=machines)
+            came = np.bincount(dst[pos][moved], weights=b, minlength=machines)
+            out.append((u, v, sent, came))
+    return out
 
 
 def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Cluster,

@@ -8,12 +8,10 @@ Predicted step time = compute + network:
 - network: the busiest NIC, the larger of its bytes in and out over
   ``bandwidth_across`` (full duplex). Moves inside a machine hold no core and no
   link (the simulator's rule), so they do not count.
-A move starts as soon as its block is made, but the blocks that wait on it wait:
-replaying lowered Llama steps (benchmarks/plan_two_level.py, table 3) the simulated
-makespan is close to the busiest core's time plus the busiest NIC's, not the larger
-of the two, so the prediction adds them. The NIC bytes are the hardware model's (a
-machine receives a piece once, its cores share it, and sends one partial sum), which
-the lowering follows (it relays pieces and sums partials inside a machine).
+That sum is the step of a one-machine plan (no NIC). A two-level plan's step is the
+node-by-node replay of plan/overlap.py instead (``overlapped_seconds``), where moves
+across machines overlap compute as the engines overlap them. Kernel seconds include
+the partial sums' and repartitions' memory work (``partial_seconds``).
 
 The binding constraint is memory when the peak passes the capacity, otherwise the
 larger of compute and network.

@@ -12,14 +12,13 @@ the bytes its TaskGraph moves:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from einsummable.ir.box import volume
 from einsummable.ir.dtypes import itemsize
-from einsummable.ir.graph import EinGraph, Fill, Formation, Select
+from einsummable.ir.graph import EinGraph, Fill, Select
 from einsummable.plan.partition import Partition
 from einsummable.plan.space import Space
 
@@ -193,56 +192,3 @@ def flops_per_block(sp: Space, part: Partition) -> np.ndarray:
         sizes = sizes * np.diff(np.array(b))[idx[:, d]]
     return sizes * per
 
-
-def machine_edges(g: EinGraph, sps: Sequence[Space], cm: Sequence[tuple[int, ...]], live: Sequence[bool],
-                  machines: int) -> list[tuple[int, int, np.ndarray, np.ndarray]]:
-    """(producer, reader, bytes out of each machine, bytes into each machine) of every edge
-    whose lowering crosses machines, for a two-level plan's counts across machines laid out
-    as twolevel.spread lays them: the rules of this module at one worker per machine.
-
-    A machine receives a read block once (however many blocks or readers of the same
-    pieces read it there: the lowering relays it to its cores), and every machine holding
-    partial sums of it sends their sum. The cost model's share in place assumes aligned
-    blocks; this is the overlap the lowering finds (at 16 machines a (2, 2, 4) logits
-    block read (8, 2, 1) moves bytes the share counts as in place)."""
-    from einsummable.plan.twolevel import nested, spread  # twolevel builds on the cost model, not on this
-
-    where = np.arange(machines)
-    parts = [nested(sp.shape, c, (1,) * len(c)) for sp, c in zip(sps, cm, strict=True)]
-    locs = [spread(p.num_blocks, machines) for p in parts]
-    held: dict[int, Holders] = {}
-    got: dict[tuple[int, object], set[int]] = {}
-    out = []
-    for v, node in enumerate(g.nodes):
-        if not live[v] or not any(math.prod(c) > 1 for c in (cm[v], *(cm[u] for u in node.inputs))):
-            continue
-        if isinstance(node, Formation) and not sps[node.inputs[0]].aggregated:
-            continue
-        for k, u in enumerate(node.inputs):
-            if isinstance(g.nodes[u], Fill):
-                continue
-            if u not in held:
-                held[u] = holders(sps[u], parts[u], tuple(int(x) for x in locs[u]))
-            ec = edge_cost(g, v, k, sps[v], parts[v], held[u], where)
-            pairs = np.unique(ec.key * machines + locs[v])
-            seen = got.setdefault((u, ec.tag), set())
-            pairs = np.array([p for p in pairs.tolist() if p not in seen], dtype=np.int64)
-            seen.update(pairs.tolist())
-            if not len(pairs):
-                continue
-            r, dst = pairs // machines, pairs % machines
-            codes, nbytes = ec.on_worker  # (read block * machines + holder machine, bytes), sorted
-            lo = np.searchsorted(codes, r * machines)
-            hi = np.searchsorted(codes, r * machines + machines)
-            n = hi - lo
-            pos = np.repeat(np.arange(len(r)), n)
-            idx = np.repeat(lo, n) + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
-            src = codes[idx] % machines
-            moved = src != dst[pos]
-            b = nbytes[idx][moved]
-            if not len(b):
-                continue
-            sent = np.bincount(src[moved], weights=b, minlength=machines)
-            came = np.bincount(dst[pos][moved], weights=b, minlength=machines)
-            out.append((u, v, sent, came))
-    return out
