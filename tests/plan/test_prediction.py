@@ -86,3 +86,14 @@ def test_predicted_step_within_25_percent_of_the_cluster_level_simulation(wide_t
     assert plan.summary.nic_bytes == pytest.approx(max(out.max(), into.max()), rel=0.1)
     # ... and the step, with transfers overlapping compute, is within 25%
     assert 0.75 <= plan.summary.step_seconds / sim.makespan <= 1.25
+
+
+def test_the_cluster_level_simulation_runs_small_ops_side_by_side(small_train):
+    # every op whole on one core (``none``): the core-level replay runs independent ops on
+    # different cores; the machine-level replay used to queue them all on the machine (1.8x)
+    cluster = Cluster(machines=2, cores=8)
+    plan = make_plan(small_train, cluster, "none", compare=False, check_memory=False)
+    core = simulate.run(lower(plan), cluster).makespan
+    machine = simulate_cluster.run(cluster_graph(plan)).makespan
+    assert 0.75 <= machine / core <= 1.25
+    assert 0.75 <= plan.summary.step_seconds / machine <= 1.25

@@ -237,11 +237,14 @@ def _earliest_slot(now: float, d: float, out: _Port, into: _Port) -> tuple[float
             return t, blocker
 
 
-def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = None) -> Simulation:
+def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = None,
+        widths: Sequence[int] | None = None, slots: int = 1) -> Simulation:
     """Replay ``tg`` on ``cluster``: one heap of finish events, one ready heap per core.
 
     ``durations`` replaces the per-task time rules (engines/simulate_cluster.py
-    costs a machine's whole block on its cores that way)."""
+    costs a machine's whole block on its cores that way). ``slots``: cores per
+    worker, of which a task holds ``widths[t]`` (default 1): a machine-level worker
+    runs tasks side by side while their widths fit, the highest ranked first."""
     if cluster.workers != tg.workers or cluster.cores != tg.cores:
         raise SimulationError(f"the TaskGraph is for {tg.workers} workers of {tg.cores} cores per machine, "
                               f"the cluster is {cluster}")
@@ -273,7 +276,8 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
     waited = [False] * n  # prev was a resource, not data
     events: list[tuple[float, int]] = []
     ready: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
-    idle = [True] * workers
+    width = [min(max(1, int(x)), slots) for x in widths] if widths is not None else [1] * n
+    free = [slots] * workers
     last_on_core = [-1] * workers
     machines = tg.workers // cores
     out_ports = [_Port() for _ in range(machines)]
@@ -292,12 +296,16 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
         heapq.heappush(events, (now + dur[t], t))
 
     def start_core(w: int, now: float) -> None:
+        while ready[w] and width[ready[w][0][1]] <= free[w]:
+            start_one(w, now)
+
+    def start_one(w: int, now: float) -> None:
         _, t = heapq.heappop(ready[w])
-        idle[w] = False
+        free[w] -= width[t]
         if now > ready_at[t]:
             prev[t], waited[t] = last_on_core[w], True
         last_on_core[w] = t
-        busy[w] += dur[t]
+        busy[w] += dur[t] * width[t] / slots
         begin(t, now)
 
     def become_ready(t: int, now: float, why: int) -> None:
@@ -305,8 +313,7 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
         if not is_move[t]:
             w = loc[t]
             heapq.heappush(ready[w], (-rank[t], t))
-            if idle[w]:
-                start_core(w, now)
+            start_core(w, now)
             return
         if not across[t]:
             begin(t, now)
@@ -339,9 +346,8 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
                 become_ready(u, now, t)
         if not is_move[t]:
             w = loc[t]
-            idle[w] = True
-            if ready[w]:
-                start_core(w, now)
+            free[w] += width[t]
+            start_core(w, now)
         for i in inputs[t]:
             readers[i] -= 1
             if not readers[i]:

@@ -84,7 +84,10 @@ def cluster_graph(plan: Plan) -> ClusterGraph:
     tg = lower(machine_plan(plan))
     within = [math.prod(c) for c in tl.cc]
     g, live = plan.graph, plan.graph.live()
-    extra = partial_seconds(g, plan.spaces, [tl.counts(v) for v in range(len(g.nodes))], plan.cluster, tl.cm)
+    # what the core blocks add to the partial sums and assemblies the machine-level graph has as tasks
+    full = partial_seconds(g, plan.spaces, [tl.counts(v) for v in range(len(g.nodes))], plan.cluster, tl.cm)
+    top = partial_seconds(g, plan.spaces, tl.cm, plan.cluster, tl.cm)
+    extra = [max(0.0, a - b) for a, b in zip(full, top, strict=True)]
     for v, node in enumerate(g.nodes):
         # a formation's sums follow its einsum's blocks, one formation block per core: charged to
         # the einsum's task so that its n core blocks each carry one formation block's sums
