@@ -27,7 +27,7 @@ from einsummable.plan.memory import Memory
 from einsummable.plan.overlap import Transfer, step_seconds
 from einsummable.plan.space import Space
 from einsummable.plan.summary import Summary, critical_path, node_seconds, partial_seconds
-from einsummable.plan.traffic import Holders, edge_cost, holders
+from einsummable.plan.traffic import edge_cost, holders
 from einsummable.plan.twolevel import TwoLevel, nested, rotations, spread
 
 
@@ -95,7 +95,7 @@ def machine_edges(g: EinGraph, sps: Sequence[Space], cm: Sequence[tuple[int, ...
     where = np.arange(machines)
     parts = [nested(sp.shape, c, (1,) * len(c)) for sp, c in zip(sps, cm, strict=True)]
     locs = [spread(p.num_blocks, machines) for p in parts]
-    held: dict[int, Holders] = {}
+    cache: dict[tuple, tuple] = {}  # the layers of a model repeat their edges
     got: dict[tuple[int, object], set[int]] = {}
     out = []
     for v, node in enumerate(g.nodes):
@@ -104,33 +104,44 @@ def machine_edges(g: EinGraph, sps: Sequence[Space], cm: Sequence[tuple[int, ...
         if isinstance(node, Formation) and not sps[node.inputs[0]].aggregated:
             continue
         for k, u in enumerate(node.inputs):
-            if isinstance(g.nodes[u], Fill):
+            src = g.nodes[u]
+            if isinstance(src, Fill):
                 continue
-            if u not in held:
-                held[u] = holders(sps[u], parts[u], tuple(int(x) for x in locs[u]))
-            ec = edge_cost(g, v, k, sps[v], parts[v], held[u], where)
-            pairs = np.unique(ec.key * machines + locs[v])
-            seen = got.setdefault((u, ec.tag), set())
-            pairs = np.array([p for p in pairs.tolist() if p not in seen], dtype=np.int64)
+            key = (type(node), getattr(node, "pieces", None), sps[v], cm[v], k, sps[u], cm[u], src.shape,
+                   src.dtype)
+            if key not in cache:
+                cache[key] = _moves(g, v, k, sps, parts, locs, where)
+            tag, pairs, pos, sender, nbytes = cache[key]
+            seen = got.setdefault((u, tag), set())
+            fresh = np.array([p not in seen for p in pairs.tolist()], dtype=bool)
             seen.update(pairs.tolist())
-            if not len(pairs):
+            keep = fresh[pos]
+            if not keep.any():
                 continue
-            r, dst = pairs // machines, pairs % machines
-            codes, nbytes = ec.on_worker  # (read block * machines + holder machine, bytes), sorted
-            lo = np.searchsorted(codes, r * machines)
-            hi = np.searchsorted(codes, r * machines + machines)
-            n = hi - lo
-            pos = np.repeat(np.arange(len(r)), n)
-            idx = np.repeat(lo, n) + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
-            src = codes[idx] % machines
-            moved = src != dst[pos]
-            b = nbytes[idx][moved]
-            if not len(b):
-                continue
-            sent = np.bincount(src[moved], weights=b, minlength=machines)
-            came = np.bincount(dst[pos][moved], weights=b, minlength=machines)
-            out.append((u, v, sent, came))
+            dst = (pairs % machines)[pos[keep]]
+            out.append((u, v, np.bincount(sender[keep], weights=nbytes[keep], minlength=machines),
+                        np.bincount(dst, weights=nbytes[keep], minlength=machines)))
     return out
+
+
+def _moves(g: EinGraph, v: int, k: int, sps: Sequence[Space], parts: list, locs: list,
+           where: np.ndarray) -> tuple:
+    """Operand k of node v: the read-block tag, its (read block, machine) pairs, and for each
+    piece that crosses: its pair, the sending machine and its bytes."""
+    machines = len(where)
+    u = g.nodes[v].inputs[k]
+    held = holders(sps[u], parts[u], tuple(int(x) for x in locs[u]))
+    ec = edge_cost(g, v, k, sps[v], parts[v], held, where)
+    pairs = np.unique(ec.key * machines + locs[v])
+    r, dst = pairs // machines, pairs % machines
+    codes, nbytes = ec.on_worker  # (read block * machines + holder machine, bytes), sorted
+    lo = np.searchsorted(codes, r * machines)
+    n = np.searchsorted(codes, r * machines + machines) - lo
+    pos = np.repeat(np.arange(len(r)), n)
+    idx = np.repeat(lo, n) + np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    sender = codes[idx] % machines
+    moved = sender != dst[pos]
+    return ec.tag, pairs, pos[moved], sender[moved], nbytes[idx][moved]
 
 
 def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Cluster,
