@@ -7,10 +7,10 @@
 2. The same model with 64 GiB per machine: the fewest machines at which each
    planner's plan fits.
 3. Predicted against simulated: a smaller Llama is planned, lowered to its
-   TaskGraph and replayed by the simulator (engines/simulate.py); the planner's
-   predicted step time (the hardware model: a machine receives a piece once and
-   sends one partial sum, as the lowering does) is set beside the simulated
-   makespan; the ratio is predicted / simulated.
+   TaskGraph and replayed core by core by the simulator (engines/simulate.py); the
+   planner's predicted step time (plan/overlap.py: the plan replayed node by node,
+   transfers overlapping compute, bytes across as the lowering moves them) is set
+   beside the simulated makespan; the ratio is predicted / simulated.
 
     python benchmarks/plan_two_level.py [--tables 1 2 3] [--machines 1 4 16 32]
 """

@@ -1,25 +1,146 @@
-"""simulate.py's replay over a CompactGraph's arrays, for graphs of millions of tasks.
+"""The simulator's event loop, over a CompactGraph's arrays, and what it reports.
 
-The same model and the same events, in the same order, as ``simulate.run`` (see
-its docstring): one heap of finish events, a ready heap per worker ordered by
-critical path, NIC ports booked per move between machines, blocks live from their
-task's start to their last reader's end. Only the input differs: arrays instead
-of task objects, so a million tasks cost tens of MB, not gigabytes.
+``simulate.run`` (a TaskGraph, with simulate.py's time per task) and
+``simulate_cluster.run`` (a machine-level graph of a million tasks, with a time
+per machine-level block) both replay through ``replay``: one heap of finish
+events, a ready heap per worker ordered by critical path, NIC ports booked per
+move between machines, blocks live from their task's start to their last
+reader's end. Arrays, not task objects, so a million tasks cost tens of MB.
 
-    sim = replay(cg, Cluster(machines=32, cores=1), durations)    # a simulate.Simulation
+    sim = replay(cg, Cluster(machines=32, cores=1), durations)    # a Simulation
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from einsummable.engines.simulate import Simulation, _earliest_slot, _Port
 from einsummable.errors import SimulationError
 from einsummable.hardware.cluster import Cluster
-from einsummable.lower.compact import MOVE, CompactGraph
+from einsummable.lower.compact import INPUT, MOVE, VIEW, CompactGraph
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """A predicted run: makespan in seconds, and where the time and bytes went."""
+
+    cluster: Cluster
+    tasks: int
+    makespan: float
+    busy: tuple[float, ...]  # seconds each worker's core computed
+    links: dict[tuple[int, int], int]  # (from worker, to worker) -> bytes moved
+    bytes_within: int
+    bytes_across: int
+    peak_memory: tuple[int, ...]  # bytes live at once, per machine
+    critical_path: tuple[int, ...]  # task ids, first to last
+    critical_time: dict[str, float]  # seconds of the critical path per kind of step; sums to makespan
+    critical_waits: int  # steps on the path that waited for a busy core or NIC, not for data
+    # [tasks, 2]: each task's start and end in seconds (a move across: on its NICs), for timelines
+    timeline: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def utilisation(self) -> tuple[float, ...]:
+        return tuple(b / self.makespan if self.makespan else 0.0 for b in self.busy)
+
+    @property
+    def machine_links(self) -> dict[tuple[int, int], int]:
+        """Bytes between machines, per (from machine, to machine)."""
+        out: dict[tuple[int, int], int] = {}
+        for (s, d), n in self.links.items():
+            key = (self.cluster.machine_of(s), self.cluster.machine_of(d))
+            if key[0] != key[1]:
+                out[key] = out.get(key, 0) + n
+        return out
+
+    @property
+    def fits(self) -> bool:
+        return max(self.peak_memory, default=0) <= self.cluster.memory_per_machine
+
+    def __str__(self) -> str:
+        use = self.utilisation
+        lo, hi = int(np.argmin(use)), int(np.argmax(use))
+        lines = [
+            f"simulated on {self.cluster}: {self.tasks:,} tasks, makespan {secs(self.makespan)}",
+            f"  utilisation: mean {np.mean(use):.0%}, min {use[lo]:.0%} (worker {lo}), "
+            f"max {use[hi]:.0%} (worker {hi})",
+            f"  moved: {size(self.bytes_within)} within machines, {size(self.bytes_across)} across",
+        ]
+        if self.links:
+            (s, d), n = max(self.links.items(), key=lambda kv: kv[1])
+            lines[-1] += f"; busiest link {s}->{d} {size(n)}"
+        peak = int(np.argmax(self.peak_memory))
+        verdict = "fits" if self.fits else "DOES NOT FIT"
+        lines.append(f"  peak memory: {size(self.peak_memory[peak])} on machine {peak} "
+                     f"of {size(self.cluster.memory_per_machine)} ({verdict})")
+        parts = " + ".join(f"{k} {secs(v)}" for k, v in self.critical_time.items() if v > 0)
+        lines.append(f"  critical path: {len(self.critical_path)} tasks = {parts or '0 s'}; "
+                     f"{self.critical_waits} waited for a busy core or NIC")
+        return "\n".join(lines)
+
+
+def secs(s: float) -> str:
+    return f"{s * 1e3:.3f} ms" if s < 1 else f"{s:.3f} s"
+
+
+def size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class _Port:
+    """One direction of one NIC: its booked transfers as sorted, disjoint [start, end) slots."""
+
+    __slots__ = ("ends", "owners", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.owners: list[int] = []
+
+    def forget_before(self, now: float) -> None:
+        k = bisect_right(self.ends, now)
+        if k:
+            del self.starts[:k], self.ends[:k], self.owners[:k]
+
+    def clash(self, t: float, d: float) -> int:
+        """The first booked slot overlapping [t, t + d), or -1."""
+        k = bisect_right(self.ends, t)
+        return k if k < len(self.starts) and self.starts[k] < t + d else -1
+
+    def book(self, t: float, d: float, owner: int) -> None:
+        """Book [t, t + d), merged with touching slots so a busy stretch is one slot to skip.
+        A slot's owner is the transfer that ends it: the one a later transfer waits for."""
+        k = bisect_left(self.starts, t)
+        end = t + d
+        if k < len(self.starts) and self.starts[k] == end:
+            end, owner = self.ends[k], self.owners[k]
+            del self.starts[k], self.ends[k], self.owners[k]
+        if k and self.ends[k - 1] == t:
+            self.ends[k - 1], self.owners[k - 1] = end, owner
+            return
+        self.starts.insert(k, t)
+        self.ends.insert(k, end)
+        self.owners.insert(k, owner)
+
+
+def _earliest_slot(now: float, d: float, out: _Port, into: _Port) -> tuple[float, int]:
+    """The first time both ports are free for d seconds, and the transfer that held it up (or -1)."""
+    t, blocker = now, -1
+    while True:
+        for port in (out, into):
+            k = port.clash(t, d)
+            if k >= 0:
+                t, blocker = port.ends[k], port.owners[k]
+                break
+        else:
+            return t, blocker
 
 
 def users_csr(g: CompactGraph) -> tuple[np.ndarray, np.ndarray]:
@@ -41,8 +162,34 @@ def ranks(dur: list[float], ptr: list[int], users: list[int]) -> list[float]:
     return rank
 
 
-def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float]) -> Simulation:
-    """Replay ``g`` on ``cluster`` with the given seconds per task (simulate.run's loop)."""
+def aliases(g: CompactGraph, readers: np.ndarray,
+            within: np.ndarray) -> tuple[list[int], list[int], list[int]]:
+    """Bytes each task holds, the task that owns its memory, and each owner's readers.
+
+    A move inside a machine and a view alias their source (the cores share memory, as
+    in the local engine), so they hold nothing and their readers keep the source alive.
+    Input blocks are the feeds, which the caller holds all step (``replay`` counts them
+    from the start); outputs live to the end."""
+    held = g.nbytes().tolist()
+    owner = list(range(len(g)))
+    count = readers.tolist()
+    first = g.indices[g.indptr[:-1].clip(max=max(0, len(g.indices) - 1))].tolist() if len(g.indices) else []
+    for t in np.flatnonzero(within | (g.kind == VIEW)).tolist():
+        o = owner[t] = owner[first[t]]
+        held[t] = 0
+        count[o] += count[t]
+    pinned = [t for out in g.outputs.values() for t, _ in out.blocks]
+    pinned += np.flatnonzero(g.kind == INPUT).tolist()
+    for t in pinned:
+        count[owner[t]] += 1 << 40  # never freed
+    return held, owner, count
+
+
+def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths: Sequence[int] | None = None,
+           slots: int = 1) -> Simulation:
+    """Replay ``g`` on ``cluster`` with the given seconds per task. ``slots``: cores per
+    worker, of which a task holds ``widths[t]`` (default 1): a machine-level worker runs
+    tasks side by side while their widths fit, the highest ranked first."""
     if cluster.workers != g.workers or cluster.cores != g.cores:
         raise SimulationError(f"the graph is for {g.workers} workers of {g.cores} cores per machine, "
                               f"the cluster is {cluster}")
@@ -50,10 +197,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float]) -> Sim
     if len(durations) != n:
         raise SimulationError(f"{len(durations)} durations for {n} tasks")
     dur = [float(d) for d in durations]
-    loc = g.loc.tolist()
-    srcs = g.src.tolist()
-    nbytes_arr = g.nbytes()
-    nbytes = nbytes_arr.tolist()
+    loc, srcs = g.loc.tolist(), g.src.tolist()
     move = g.kind == MOVE
     is_move = move.tolist()
     across_arr = move & (g.src // cores != g.loc // cores)
@@ -62,54 +206,54 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float]) -> Sim
     uptr_arr, users_arr = users_csr(g)
     uptr, users = uptr_arr.tolist(), users_arr.tolist()
     rank = ranks(dur, uptr, users)
-    readers = np.diff(uptr_arr)
-    for out in g.outputs.values():
-        for t, _ in out.blocks:
-            readers[t] += 1 << 40  # outputs are never freed
-    readers = readers.tolist()
+    held, owner, readers = aliases(g, np.diff(uptr_arr), move & ~across_arr)
 
     pending = np.diff(g.indptr).tolist()
     finish = [0.0] * n
     ready_at = [0.0] * n
-    prev = [-1] * n
-    waited = [False] * n
+    prev = [-1] * n  # what the task waited for last: an input, or the task before it on its core or NIC
+    waited = [False] * n  # prev was a resource, not data
     events: list[tuple[float, int]] = []
     ready: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
-    idle = [True] * workers
+    width = [min(max(1, int(x)), slots) for x in widths] if widths is not None else [1] * n
+    free = [slots] * workers
     last_on_core = [-1] * workers
     machines = workers // cores
     out_ports = [_Port() for _ in range(machines)]
     in_ports = [_Port() for _ in range(machines)]
     xfer_end = [0.0] * n
     live = [0] * machines
-    peak = [0] * machines
+    for t in np.flatnonzero(g.kind == INPUT).tolist():  # the feeds are there from the start
+        live[loc[t] // cores] += held[t]
+        held[t] = 0
+    peak = list(live)
     busy = [0.0] * workers
     latency = cluster.latency_across
     push, pop = heapq.heappush, heapq.heappop
 
     def begin(t: int, now: float) -> None:
         m = loc[t] // cores
-        live[m] += nbytes[t]
+        live[m] += held[t]
         if live[m] > peak[m]:
             peak[m] = live[m]
         push(events, (now + dur[t], t))
 
     def start_core(w: int, now: float) -> None:
-        _, t = pop(ready[w])
-        idle[w] = False
-        if now > ready_at[t]:
-            prev[t], waited[t] = last_on_core[w], True
-        last_on_core[w] = t
-        busy[w] += dur[t]
-        begin(t, now)
+        while ready[w] and width[ready[w][0][1]] <= free[w]:
+            _, t = pop(ready[w])
+            free[w] -= width[t]
+            if now > ready_at[t]:
+                prev[t], waited[t] = last_on_core[w], True
+            last_on_core[w] = t
+            busy[w] += dur[t] * width[t] / slots
+            begin(t, now)
 
     def become_ready(t: int, now: float, why: int) -> None:
         prev[t], ready_at[t] = why, now
         if not is_move[t]:
             w = loc[t]
             push(ready[w], (-rank[t], t))
-            if idle[w]:
-                start_core(w, now)
+            start_core(w, now)
             return
         if not across[t]:
             begin(t, now)
@@ -124,7 +268,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float]) -> Sim
         out.book(go, dur[t], t)
         into.book(go, dur[t], t)
         end = xfer_end[t] = go + dur[t]
-        live[in_m] += nbytes[t]
+        live[in_m] += held[t]
         peak[in_m] = max(peak[in_m], live[in_m])
         push(events, (end + latency, t))
 
@@ -136,33 +280,31 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float]) -> Sim
         now, t = pop(events)
         finish[t] = now
         done += 1
+        for i in inputs[inptr[t]:inptr[t + 1]]:  # freed before the next task on this core takes memory
+            o = owner[i]
+            readers[o] -= 1
+            if not readers[o]:
+                live[loc[o] // cores] -= held[o]
         for u in users[uptr[t]:uptr[t + 1]]:
             pending[u] -= 1
             if not pending[u]:
                 become_ready(u, now, t)
         if not is_move[t]:
             w = loc[t]
-            idle[w] = True
-            if ready[w]:
-                start_core(w, now)
-        for i in inputs[inptr[t]:inptr[t + 1]]:
-            readers[i] -= 1
-            if not readers[i]:
-                live[loc[i] // cores] -= nbytes[i]
+            free[w] += width[t]
+            start_core(w, now)
     if done != n:
         raise SimulationError(f"only {done} of {n} tasks could run: a cycle, or an input id out of order")
     end = np.array(finish)
-    sent = across_arr
-    end[sent] = np.array(xfer_end)[sent]
+    end[across_arr] = np.array(xfer_end)[across_arr]
     timeline = np.stack([end - np.array(dur), np.array(finish)], axis=1) if n else np.zeros((0, 2))
-    return report(g, cluster, finish, xfer_end, prev, waited, move, across_arr, busy, peak, nbytes_arr,
-                  timeline)
+    return report(g, cluster, finish, xfer_end, prev, waited, move, across_arr, busy, peak, timeline)
 
 
 def report(g: CompactGraph, cluster: Cluster, finish: list[float], xfer_end: list[float], prev: list[int],
            waited: list[bool], move: np.ndarray, across: np.ndarray, busy: list[float], peak: list[int],
-           nbytes: np.ndarray, timeline: np.ndarray) -> Simulation:
-    """simulate._report over arrays: the critical path, bytes per link, the totals."""
+           timeline: np.ndarray) -> Simulation:
+    """The critical path, bytes per link, the totals."""
     n = len(g)
     makespan = max(finish, default=0.0)
     path: list[int] = []
@@ -175,19 +317,21 @@ def report(g: CompactGraph, cluster: Cluster, finish: list[float], xfer_end: lis
     mark = 0.0
     for k, t in enumerate(path):
         nxt = path[k + 1] if k + 1 < len(path) else -1
+        # a transfer lets the next one on its NIC go when its bytes are sent, before it lands
         point = xfer_end[t] if nxt >= 0 and across[t] and across[nxt] and waited[nxt] else finish[t]
         kind = "compute" if not move[t] else "moves across" if across[t] else "moves within"
         kinds[kind] += point - mark
         mark = point
     src, dst = g.src[move].astype(np.int64), g.loc[move].astype(np.int64)
-    size = nbytes[move]
+    nbytes = g.nbytes()[move]
     keys, inverse = np.unique(src * g.workers + dst, return_inverse=True)
-    totals = np.bincount(inverse.ravel(), weights=size, minlength=len(keys)).astype(np.int64)
+    totals = np.bincount(inverse.ravel(), weights=nbytes, minlength=len(keys)).astype(np.int64)
     links = {(int(k // g.workers), int(k % g.workers)): int(v) for k, v in zip(keys, totals, strict=True)}
     cross = (src // g.cores) != (dst // g.cores)
     return Simulation(
         cluster=cluster, tasks=n, makespan=makespan, busy=tuple(busy), links=links,
-        bytes_within=int(size[~cross].sum()), bytes_across=int(size[cross].sum()), peak_memory=tuple(peak),
+        bytes_within=int(nbytes[~cross].sum()), bytes_across=int(nbytes[cross].sum()),
+        peak_memory=tuple(peak),
         critical_path=tuple(path), critical_time=kinds, critical_waits=sum(1 for t in path if waited[t]),
         timeline=timeline,
     )

@@ -20,11 +20,10 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from einsummable.lower.compact import KINDS, CompactGraph
+from einsummable.lower.compact import KINDS, TYPES, CompactGraph
 from einsummable.lower.taskgraph import Output
 
 COLUMNS = ("kind", "loc", "src", "node", "dtype", "shape", "aux")
-TYPES = (np.uint8, np.int32, np.int32, np.int32, np.uint8, np.int32, np.int32)
 
 
 def void_rows(keys: np.ndarray) -> np.ndarray:

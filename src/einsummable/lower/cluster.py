@@ -30,13 +30,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.graph import Fill
+from einsummable.ir.graph import Fill, Formation
 from einsummable.lower.blockwise import lower_blocks
 from einsummable.lower.compact import APPLY, CompactGraph
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
 from einsummable.plan.planners import formations_follow
-from einsummable.plan.twolevel import TwoLevel, nested
+from einsummable.plan.summary import partial_seconds
+from einsummable.plan.twolevel import TwoLevel, nested, spread
 
 Counts = tuple[int, ...]
 
@@ -49,6 +50,9 @@ class ClusterGraph:
     cluster: Cluster  # the real cluster: machines × cores
     split: np.ndarray  # [tasks] core-level blocks of each task (0: spread over all cores)
     core_blocks: int  # blocks of the core-level plan (its apply, input and partial tasks, before moves)
+    # [tasks] seconds of one core that the task's core blocks spend adding partial sums and assembling
+    # repartitioned operands inside the machine (summary.partial_seconds), all its core blocks together
+    within: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.graph)
@@ -77,9 +81,9 @@ def machine_plan(plan: Plan) -> Plan:
     parts = formations_follow(g, sps, parts)
 
     def where(v: int) -> np.ndarray:
-        """``locations`` with one core per machine: block b (row-major) on machine b % machines."""
+        """``locations`` with one core per machine: block b (row-major) on machine spread(n)[b]."""
         n = parts[v].num_blocks
-        return np.arange(n, dtype=np.int64) % mcluster.machines if live[v] else np.zeros(n, dtype=np.int64)
+        return spread(n, mcluster.machines) if live[v] else np.zeros(n, dtype=np.int64)
 
     return Plan(g, mcluster, plan.planner, sps, parts, plan.summary, where, free_formations=True, levels=top)
 
@@ -89,9 +93,22 @@ def cluster_graph(plan: Plan) -> ClusterGraph:
     tl = levels(plan)
     cg = lower_blocks(machine_plan(plan))
     within = np.array([math.prod(c) for c in tl.cc], dtype=np.int64)
-    apply = (cg.kind == APPLY) & (cg.node >= 0)
-    split = np.where(apply, within[np.where(apply, cg.node, 0)], 0)
     g, live = plan.graph, plan.graph.live()
+    # what the core blocks add to the partial sums and assemblies the machine-level graph has as tasks
+    full = partial_seconds(g, plan.spaces, [tl.counts(v) for v in range(len(g.nodes))], plan.cluster, tl.cm)
+    top = partial_seconds(g, plan.spaces, tl.cm, plan.cluster, tl.cm)
+    extra = [max(0.0, a - b) for a, b in zip(full, top, strict=True)]
+    for v, node in enumerate(g.nodes):
+        # a formation's sums follow its einsum's blocks, one formation block per core: charged to
+        # the einsum's task so that its n core blocks each carry one formation block's sums
+        if isinstance(node, Formation) and extra[v]:
+            u = node.inputs[0]
+            extra[u] += extra[v] * within[u] / max(1, math.prod(tl.cc[v]))
+    per_task = np.array([e / math.prod(m) for e, m in zip(extra, tl.cm, strict=True)])
+    apply = (cg.kind == APPLY) & (cg.node >= 0)
+    node = np.where(apply, cg.node, 0)
+    split = np.where(apply, within[node], 0)
+    seconds = np.where(apply, per_task[node], 0.0)
     core_blocks = sum(math.prod(tl.counts(v)) for v, node in enumerate(g.nodes)
                       if live[v] and not isinstance(node, Fill))
-    return ClusterGraph(cg, plan.cluster, split, core_blocks)
+    return ClusterGraph(cg, plan.cluster, split, core_blocks, seconds)

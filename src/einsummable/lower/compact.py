@@ -41,6 +41,7 @@ from einsummable.lower.taskgraph import (
 
 KINDS = ("input", "constant", "apply", "move", "partial", "view")
 INPUT, CONSTANT, APPLY, MOVE, PARTIAL, VIEW = range(6)
+TYPES = (np.uint8, np.int32, np.int32, np.int32, np.uint8, np.int32, np.int32)  # of the per-task columns
 SHOWN = 200  # tasks printed by str() before it cuts the listing short
 
 
@@ -109,6 +110,29 @@ class CompactGraph:
         tasks = tuple(self.task(t) for t in range(len(self)))
         return TaskGraph(tasks, self.outputs, self.workers, self.cores)
 
+    @classmethod
+    def from_taskgraph(cls, tg: TaskGraph) -> CompactGraph:
+        """The arrays of an object TaskGraph: simulate.run replays every graph through them."""
+        tables: dict[str, dict] = {"dtype": {}, "shape": {}, "aux": {}}
+
+        def intern(table: str, key: object) -> int:
+            return tables[table].setdefault(key, len(tables[table]))
+
+        cols = [[] for _ in range(7)]
+        for task in tg.tasks:
+            k, aux = _KIND_AUX[type(task)](task)
+            row = (k, task.loc, getattr(task, "src", task.loc), getattr(task, "node", -1),
+                   intern("dtype", task.dtype), intern("shape", task.shape),
+                   -1 if aux is None else intern("aux", aux))
+            for col, x in zip(cols, row, strict=True):
+                col.append(x)
+        lengths = [len(task.inputs) for task in tg.tasks]
+        indices = [i for task in tg.tasks for i in task.inputs]
+        arrays = [np.array(c, dtype=t) for c, t in zip(cols, TYPES, strict=True)]
+        indptr = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
+        return cls(*arrays, indptr, np.array(indices, dtype=np.int32), tuple(tables["dtype"]),
+                   tuple(tables["shape"]), tuple(tables["aux"]), tg.outputs, tg.workers, tg.cores)
+
     def counts(self) -> dict[str, int]:
         """Tasks per kind."""
         n = np.bincount(self.kind, minlength=len(KINDS))
@@ -131,6 +155,16 @@ class CompactGraph:
             lines.append(f"  ... {len(self.outputs) - SHOWN} more outputs")
         lines.append("}")
         return "\n".join(lines)
+
+
+_KIND_AUX = {  # a task's kind and its aux entry, as task() reads them back
+    InputTask: lambda t: (INPUT, (t.name, t.box)),
+    ConstantTask: lambda t: (CONSTANT, (t.kind, t.box)),
+    ApplyTask: lambda t: (APPLY, t.op),
+    MoveTask: lambda t: (MOVE, t.box),
+    PartialTask: lambda t: (PARTIAL, (t.pieces, t.agg, t.pad)),
+    ViewTask: lambda t: (VIEW, None),
+}
 
 
 def prune(cg: CompactGraph) -> CompactGraph:

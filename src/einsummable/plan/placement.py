@@ -18,6 +18,7 @@ Policy, node by node in topological order (list scheduling on the cluster model)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,8 +48,10 @@ class Placed:
 
 
 def place(
-    g: EinGraph, spaces: tuple[Space, ...], parts: tuple[Partition, ...], cluster: Cluster, live: list[bool]
+    g: EinGraph, spaces: tuple[Space, ...], parts: tuple[Partition, ...], cluster: Cluster, live: list[bool],
+    extra: Sequence[float] | None = None,
 ) -> Placed:
+    """``extra[v]``: kernel seconds node v's partial sums add (summary.partial_seconds)."""
     workers = cluster.workers
     machines = np.arange(workers) // cluster.cores
     ready = np.zeros(workers)  # when each worker is next free, in seconds
@@ -90,7 +93,8 @@ def place(
                 _count(c, placed, seen, u, counted)
             np.add.at(flops, placed, work * cluster.flops_per_core)
             share = work / work.sum() if work.sum() > 0 else np.full(n, 1 / max(n, 1))
-            np.add.at(seconds, placed, share * node_seconds(node, cluster) + cluster.task_overhead)
+            own = node_seconds(node, cluster) + (extra[nid] if extra is not None else 0.0)
+            np.add.at(seconds, placed, share * own + cluster.task_overhead)
             where = tuple(int(w) for w in placed)
         locs.append(where)
         held.append(holders(sp, part, where))

@@ -20,7 +20,7 @@ from einsummable.plan.memory import formed_in_place, gathered, holds_nothing, pe
 from einsummable.plan.partition import Partition
 from einsummable.plan.placement import place
 from einsummable.plan.space import Space, nbytes, spaces
-from einsummable.plan.summary import Summary, critical_path
+from einsummable.plan.summary import Summary, critical_path, partial_seconds
 from einsummable.plan.traffic import block_indices
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ def build(
     live = list(live) if live is not None else g.live()
     parts = inherit(g, sps, parts)
     check_plan(g, sps, parts, cluster)
-    placed = place(g, sps, parts, cluster, live)
+    placed = place(g, sps, parts, cluster, live, partial_seconds(g, sps, [p.counts for p in parts], cluster))
     check_locs(g, parts, cluster, placed.locs)  # the partitions were checked above
     held = np.zeros((len(g.nodes), cluster.machines))
     counts = [p.counts for p in parts]
@@ -102,7 +102,9 @@ def build(
     ones = [(1,) * len(c) for c in counts]  # one machine's view: its copies are within it
     memory = peak(g, sps, live, held, gathered(g, sps, ones, live, counts, cluster.cores))
     nic = float(placed.nic_in.max())
-    compute = max(float(placed.seconds.max()), critical_path(g, live, [p.num_blocks for p in parts], cluster))
+    extra = partial_seconds(g, sps, [p.counts for p in parts], cluster)
+    compute = max(float(placed.seconds.max()),
+                  critical_path(g, live, [p.num_blocks for p in parts], cluster, extra))
     summary = Summary(placed.flops, placed.within, placed.across, model_bytes, compute,
                       nic, nic / cluster.bandwidth_across, memory, cluster.memory_per_machine)
     return Plan(g, cluster, planner, sps, parts, summary, placed.locs.__getitem__)

@@ -191,3 +191,4 @@ def flops_per_block(sp: Space, part: Partition) -> np.ndarray:
     for d, b in enumerate(part.bounds):
         sizes = sizes * np.diff(np.array(b))[idx[:, d]]
     return sizes * per
+
