@@ -238,7 +238,7 @@ def _llama_times(steps: int) -> dict[str, object]:
     step = es.train.adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
     params = llama.init_params(cfg, seed=0)
     rng = np.random.default_rng(0)
-    batch = {"tokens": rng.integers(0, cfg.vocab_size, (16, 65)).astype(np.float32), "lr": 3e-3}
+    batch = {"tokens": rng.integers(0, cfg.vocab_size, (16, 65)).astype(np.int64), "lr": 3e-3}
     cluster = es.Cluster(machines=2, cores=2)
     plan = es.compile(g, cluster=cluster, engine="simulate")
     start = time.perf_counter()

@@ -59,7 +59,7 @@ def llama_infer(layers: int | None) -> EinGraph:
     cfg = _config(layers)
     g = es.Graph()
     p = llama.parameters(g, cfg)
-    ids = g.input("ids", (1, 2048))
+    ids = g.input("ids", (1, 2048), "i64")
     pos = g.ramp((1, 2048), steps=(0.0, 1.0))
     g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, 2048)))
     return g.ir

@@ -41,7 +41,7 @@ def small_infer():
     cfg = _config(512, 1, 4096)
     g = es.Graph()
     p = llama.parameters(g, cfg)
-    ids = g.input("ids", (1, 512))
+    ids = g.input("ids", (1, 512), "i64")
     pos = g.ramp((1, 512), steps=(0.0, 1.0))
     g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, 512)))
     return g.ir
