@@ -31,9 +31,14 @@ def test_a_single_move_costs_bytes_over_bandwidth_plus_latency():
     assert sim.critical_path == (0, 1)
     assert sim.critical_time["moves across"] == pytest.approx(2e-3)
     within = es.Cluster(machines=1, cores=2, **QUIET | {"bandwidth_within": 1e10, "latency_within": 1e-6})
-    sim = run(graph(tasks, 2, 2, 1), within)
-    assert sim.makespan == pytest.approx(1e-4 + 1e-6)
-    assert (sim.bytes_across, sim.bytes_within) == (0, 10**6)
+    sim = run(graph(tasks, 2, 2, 1), within)  # the whole block: a view of shared memory, no bytes
+    assert sim.makespan == pytest.approx(1e-4 + 1e-6)  # ... but read from another core's cache
+    assert (sim.bytes_across, sim.bytes_within, sim.links) == (0, 0, {})
+    half = ((0, 125), (0, 1000))  # a piece (for an assembly)
+    out = {"y": Output((125, 1000), "f32", ((1, half),))}
+    sim = run(TaskGraph((tasks[0], MoveTask((0,), half, 0, 1, "f32")), out, 2, 2), within)
+    assert sim.makespan == pytest.approx(5e5 / 1e10 + 1e-6)
+    assert (sim.bytes_across, sim.bytes_within) == (0, 5 * 10**5)
     assert sim.busy == (0.0, 0.0)  # a move holds no core
 
 

@@ -143,6 +143,21 @@ def _earliest_slot(now: float, d: float, out: _Port, into: _Port) -> tuple[float
             return t, blocker
 
 
+def shared(g: CompactGraph) -> np.ndarray:
+    """[tasks] moves that hand a whole block to another core of its machine: views of
+    shared memory, which move no bytes (lower/stats.py's ``shares_whole``)."""
+    same = g.src // g.cores == g.loc // g.cores
+    return (g.kind == MOVE) & same & (g.shape == g.shape[first_input(g)])
+
+
+def first_input(g: CompactGraph) -> np.ndarray:
+    """[tasks] each task's first input (itself when it reads none)."""
+    has = np.diff(g.indptr) > 0
+    first = np.arange(len(g))
+    first[has] = g.indices[g.indptr[:-1][has]]
+    return first
+
+
 def users_csr(g: CompactGraph) -> tuple[np.ndarray, np.ndarray]:
     """The readers of each task, in task order: ``users[ptr[t]:ptr[t + 1]]``."""
     n = len(g)
@@ -173,7 +188,7 @@ def aliases(g: CompactGraph, readers: np.ndarray,
     held = g.nbytes().tolist()
     owner = list(range(len(g)))
     count = readers.tolist()
-    first = g.indices[g.indptr[:-1].clip(max=max(0, len(g.indices) - 1))].tolist() if len(g.indices) else []
+    first = first_input(g).tolist()
     for t in np.flatnonzero(within | (g.kind == VIEW)).tolist():
         o = owner[t] = owner[first[t]]
         held[t] = 0
@@ -323,10 +338,11 @@ def report(g: CompactGraph, cluster: Cluster, finish: list[float], xfer_end: lis
         kinds[kind] += point - mark
         mark = point
     src, dst = g.src[move].astype(np.int64), g.loc[move].astype(np.int64)
-    nbytes = g.nbytes()[move]
+    nbytes = np.where(shared(g), 0, g.nbytes())[move]
     keys, inverse = np.unique(src * g.workers + dst, return_inverse=True)
     totals = np.bincount(inverse.ravel(), weights=nbytes, minlength=len(keys)).astype(np.int64)
-    links = {(int(k // g.workers), int(k % g.workers)): int(v) for k, v in zip(keys, totals, strict=True)}
+    links = {(int(k // g.workers), int(k % g.workers)): int(v)
+             for k, v in zip(keys, totals, strict=True) if v}
     cross = (src // g.cores) != (dst // g.cores)
     return Simulation(
         cluster=cluster, tasks=n, makespan=makespan, busy=tuple(busy), links=links,

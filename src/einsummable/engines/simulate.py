@@ -136,8 +136,7 @@ def _durations(tg: TaskGraph, cluster: Cluster, nbytes: list[int]) -> list[float
     out = [0.0] * len(tg.tasks)
     for t, task in enumerate(tg.tasks):
         if isinstance(task, MoveTask):
-            same = tg.machine_of(task.src) == tg.machine_of(task.loc)
-            if same:
+            if tg.machine_of(task.src) == tg.machine_of(task.loc):
                 out[t] = cluster.latency_within + nbytes[t] / cluster.bandwidth_within
             else:
                 out[t] = nbytes[t] / cluster.bandwidth_across

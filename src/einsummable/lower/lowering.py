@@ -11,7 +11,10 @@ which assembles the box a block reads from the producer's blocks:
   then moved, then combined at the destination; half-precision (f16, bf16) partial
   sums and products stay in f32 until the block that forms them rounds once (a
   cast task), so 1 and n workers round alike;
-- fills are rebuilt at the destination instead of moving.
+- fills are rebuilt at the destination instead of moving;
+- a block assembled for a reader (from pieces, summed, rounded) is made once per
+  machine; the machine's other cores that read that box get it by a move of the whole
+  block inside the machine, which the engines run as a view of shared memory.
 Tasks that no output needs are pruned at the end.
 """
 
@@ -64,6 +67,9 @@ class _Lowering:
         self.fetched: dict[tuple[int, Box, int], int] = {}
         # (task, sub-box, machine) -> (task, core) holding that piece after it crossed
         self.relayed: dict[tuple[int, Box, int], tuple[int, int]] = {}
+        # (node, box, machine) -> (task, core) of the block made for that box there
+        self.assembled: dict[tuple[int, Box, int], tuple[int, int]] = {}
+        self.held_ids: dict[int, frozenset[int]] = {}
 
     def add(self, task: Task) -> int:
         """Append a task; an identical task already made is reused (moves, constants)."""
@@ -84,8 +90,33 @@ class _Lowering:
         """A task at worker w holding ``box`` of node u's value."""
         key = (u, box, w)
         if key not in self.fetched:
-            self.fetched[key] = self._fetch(u, box, w)
+            self.fetched[key] = self._once_per_machine(u, box, w)
         return self.fetched[key]
+
+    def _once_per_machine(self, u: int, box: Box, w: int) -> int:
+        """A block assembled for ``box`` (from pieces, summed or rounded) is made once per
+        machine: its other cores that read the box take that block by a move inside the
+        machine (a view in shared memory), not a copy of their own each."""
+        if isinstance(self.g.nodes[u], Fill):
+            return self._fetch(u, box, w)  # rebuilt where read
+        m = self.plan.cluster.machine_of(w)
+        made = self.assembled.get((u, box, m))
+        if made is not None:
+            t, at = made
+            task = self.tasks[t]
+            return self.add(MoveTask((t,), whole(task.shape), at, w, task.dtype))
+        t = self._fetch(u, box, w)
+        task = self.tasks[t]
+        fresh = task.loc == w and isinstance(task, PartialTask | ApplyTask) and t not in self.held(u)
+        if made is None and fresh:
+            self.assembled[(u, box, m)] = (t, w)
+        return t
+
+    def held(self, u: int) -> frozenset[int]:
+        """The tasks that hold node u's own blocks."""
+        if u not in self.held_ids:
+            self.held_ids[u] = frozenset(t for blocks in self.outs[u][1] for t, _ in blocks)
+        return self.held_ids[u]
 
     def _fetch(self, u: int, box: Box, w: int) -> int:
         node = self.g.nodes[u]

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.box import fmt_box
+from einsummable.ir.box import fmt_box, whole
 from einsummable.ir.dot import escape
 from einsummable.ir.dtypes import itemsize
 from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, TaskGraph
@@ -31,6 +31,12 @@ def move_bytes(task: MoveTask) -> int:
     return math.prod(task.shape) * itemsize(task.dtype)
 
 
+def shares_whole(tg: TaskGraph, task: MoveTask) -> bool:
+    """A whole block handed to another core of its machine: a view of shared memory, no bytes."""
+    same = tg.machine_of(task.src) == tg.machine_of(task.loc)
+    return same and task.box == whole(tg.tasks[task.inputs[0]].shape)
+
+
 def stats(tg: TaskGraph, cluster: Cluster | None = None) -> Stats:
     cluster = cluster or Cluster(machines=max(1, tg.workers // tg.cores), cores=tg.cores)
     flops = [0] * tg.workers
@@ -45,12 +51,13 @@ def stats(tg: TaskGraph, cluster: Cluster | None = None) -> Stats:
             cost = f / cluster.flops_per_core
         elif isinstance(task, MoveTask):
             n = move_bytes(task)
-            links[(task.src, task.loc)] += n
-            if tg.machine_of(task.src) == tg.machine_of(task.loc):
-                within += n
-            else:
-                across += n
-            cost = cluster.seconds_to_move(n, task.src, task.loc)
+            cost = cluster.seconds_to_move(n, task.src, task.loc)  # a view too: its block is read from afar
+            if not shares_whole(tg, task):
+                links[(task.src, task.loc)] += n
+                if tg.machine_of(task.src) == tg.machine_of(task.loc):
+                    within += n
+                else:
+                    across += n
         start = max((finish[i] for i in task.inputs), default=0.0)
         finish[t] = start + cost
     kinds = Counter(type(task).__name__.removesuffix("Task").lower() for task in tg.tasks)

@@ -108,7 +108,8 @@ def gathered(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequ
     Across machines, a reader's piece held by another machine crosses once and is kept
     (a gathered weight, a repartitioned activation). Within a machine (``cc`` given), a
     core block that needs pieces of several blocks assembles them into a block of its
-    own, one per core that needs it; one that lies inside a held block is a view. The
+    own: once per machine, plus once more on each reading core that holds a piece of it
+    (lower/lowering.py); one that lies inside a held block is a view. The
     lowering makes each copy once and hands it to every reader of that layout, and the
     engines make it as soon as the value is there (they rank it by its readers' critical
     path), so a copy lives from the value's making to its last reader: a gathered
@@ -140,9 +141,7 @@ def gathered(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequ
             inner = tuple(a * (cc[v][d] if d is not None else 1) for a, d in zip(need, dims, strict=True))
             held = tuple(cm[u][d] * cc[u][d] for d in sps[u].out_dims)
             if any(n % h for n, h in zip(inner, held, strict=True)):
-                boxes = math.prod(cc[v][d] for d in dims if d is not None)
-                readers = math.prod(cc[v]) // boxes
-                add((u, inner), v, piece * min(readers, max(1, cores // boxes)))
+                add((u, inner), v, piece)  # one block per box on each machine, its cores share it
     return list(copies.values())
 
 
