@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from einsummable.engines.scheduler import critical_path, run
+from einsummable.engines.scheduler import run
 from einsummable.errors import EngineError
+from einsummable.ir.priority import ranks
 
 
 @st.composite
@@ -79,9 +80,9 @@ def test_a_failing_task_stops_the_run_and_is_named():
     assert not [t for t in threading.enumerate() if t.name.startswith("einsummable-")]
 
 
-def test_critical_path_orders_the_long_chain_first():
+def test_ranks_orders_the_long_chain_first():
     inputs = [(), (), (1,), (2,)]
-    rank = critical_path(inputs, [1, 1, 1, 1])
+    rank = ranks(inputs, [1, 1, 1, 1])
     assert rank == [1, 3, 2, 1]
 
 

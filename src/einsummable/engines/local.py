@@ -28,6 +28,7 @@ from threadpoolctl import ThreadpoolController
 from einsummable.engines import kernels, native, reference_kernel, scheduler
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
+from einsummable.ir import priority
 from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (
@@ -229,7 +230,7 @@ class LocalProgram:
         tasks = tg.tasks
         self.inputs = [t.inputs for t in tasks]
         self.location = [t.loc for t in tasks]
-        self.rank = scheduler.critical_path(self.inputs, [task_cost(t) for t in tasks])
+        self.rank = priority.ranks(self.inputs, [task_cost(t) for t in tasks])
         self.keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
         self.steps = [PREPARE[type(t)](t) for t in tasks]
         native.flush()  # the compiled kernels, built together, at prepare

@@ -3,7 +3,7 @@
 ``simulate.run`` (a TaskGraph, with simulate.py's time per task) and
 ``simulate_cluster.run`` (a machine-level graph of a million tasks, with a time
 per machine-level block) both replay through ``replay``: one heap of finish
-events, a ready heap per worker ordered by critical path, NIC ports booked per
+events, a ready heap per worker ordered by rank (ir/priority.py), NIC ports booked per
 move between machines, blocks live from their task's start to their last
 reader's end. Arrays, not task objects, so a million tasks cost tens of MB.
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from einsummable.errors import SimulationError
 from einsummable.hardware.cluster import Cluster
+from einsummable.ir.priority import critical_path
 from einsummable.lower.compact import INPUT, MOVE, VIEW, CompactGraph
 
 
@@ -167,16 +168,6 @@ def users_csr(g: CompactGraph) -> tuple[np.ndarray, np.ndarray]:
     return ptr, owner[order]
 
 
-def ranks(dur: list[float], ptr: list[int], users: list[int]) -> list[float]:
-    """Each task's critical path: its time and the longest path of its readers."""
-    n = len(dur)
-    rank = [0.0] * n
-    for t in range(n - 1, -1, -1):
-        a, b = ptr[t], ptr[t + 1]
-        rank[t] = dur[t] + (max([rank[u] for u in users[a:b]]) if b > a else 0.0)
-    return rank
-
-
 def aliases(g: CompactGraph, readers: np.ndarray,
             within: np.ndarray) -> tuple[list[int], list[int], list[int]]:
     """Bytes each task holds, the task that owns its memory, and each owner's readers.
@@ -220,7 +211,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
     inptr, inputs = g.indptr.tolist(), g.indices.tolist()
     uptr_arr, users_arr = users_csr(g)
     uptr, users = uptr_arr.tolist(), users_arr.tolist()
-    rank = ranks(dur, uptr, users)
+    rank = critical_path(dur, uptr, users)
     held, owner, readers = aliases(g, np.diff(uptr_arr), move & ~across_arr)
 
     pending = np.diff(g.indptr).tolist()

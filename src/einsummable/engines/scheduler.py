@@ -24,18 +24,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from einsummable.errors import EngineError
-
-
-def critical_path(inputs: Sequence[Sequence[int]], cost: Sequence[float]) -> list[float]:
-    """For each task, its cost plus the costliest chain of tasks that wait on it."""
-    users: list[list[int]] = [[] for _ in inputs]
-    for i, ins in enumerate(inputs):
-        for j in ins:
-            users[j].append(i)
-    rank = [0.0] * len(inputs)
-    for i in reversed(range(len(inputs))):
-        rank[i] = cost[i] + max((rank[u] for u in users[i]), default=0.0)
-    return rank
+from einsummable.ir import priority
 
 
 def run(
@@ -51,13 +40,13 @@ def run(
 ) -> dict[int, object]:
     """Execute tasks (ids in topological order) and return ``{i: value}`` for i in keep.
 
-    ``rank`` orders ready tasks, highest first (default: critical path in task counts).
+    ``rank`` orders ready tasks, highest first (default: ``ir.priority.ranks`` in task counts).
     """
     n = len(inputs)
     if len(location) != n:
         raise EngineError(f"{n} tasks but {len(location)} locations")
     if rank is None:
-        rank = critical_path(inputs, [1.0] * n)
+        rank = priority.ranks(inputs, [1.0] * n)
     distinct = [tuple(set(ins)) for ins in inputs]
     pending = [len(ins) for ins in distinct]
     readers = [0] * n

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from einsummable.ir import priority
 from einsummable.ir.graph import ComplexView, EinGraph, Fill, Formation, InputNode, Reshape
 from einsummable.plan.space import Space, nbytes
 
@@ -199,22 +200,19 @@ def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarr
 
 def engine_order(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> np.ndarray:
     """Node ids in the order the engines run them when one core has work waiting: of the
-    ready nodes, the one with the longest chain of work after it first, ties by id (the
-    critical-path rank of engines/scheduler.py and the simulator). Work is flops plus
-    bytes written. Unlike id order, this runs a value nothing waits on (a weight's
-    gradient, the loss) late, so what it reads is held longer. Dead nodes go last."""
+    ready nodes, the highest ranked first (ir/priority.py, as the engines and the simulator
+    rank tasks), ties by id. Work is flops plus bytes written. Unlike id order, this runs
+    a value nothing waits on (a weight's gradient, the loss) late, so what it reads is
+    held longer. Dead nodes go last."""
     n = len(g.nodes)
+    inputs = [node.inputs if live[v] else () for v, node in enumerate(g.nodes)]
     users: list[list[int]] = [[] for _ in range(n)]
-    pending = [0] * n
-    for v, node in enumerate(g.nodes):
-        if live[v]:
-            for u in node.inputs:
-                users[u].append(v)
-            pending[v] = len(node.inputs)
-    rank = [0.0] * n
-    for v in reversed(range(n)):
-        if live[v]:
-            rank[v] = sps[v].flops + nbytes(g.nodes[v]) + max((rank[u] for u in users[v]), default=0.0)
+    for v, ins in enumerate(inputs):
+        for u in ins:
+            users[u].append(v)
+    pending = [len(ins) for ins in inputs]
+    cost = [sps[v].flops + nbytes(g.nodes[v]) if live[v] else 0.0 for v in range(n)]
+    rank = priority.ranks(inputs, cost)
     ready = [(-rank[v], v) for v in range(n) if live[v] and not pending[v]]
     heapq.heapify(ready)
     out = []

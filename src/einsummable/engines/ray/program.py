@@ -18,11 +18,12 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from einsummable.engines import local, scheduler
+from einsummable.engines import local
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.engines.ray.actor import Machine
 from einsummable.engines.ray.nodes import connect, nodes
 from einsummable.errors import EngineError
+from einsummable.ir import priority
 from einsummable.ir.box import Box, intersect, slices, within
 from einsummable.lower.taskgraph import InputTask, TaskGraph
 
@@ -106,7 +107,7 @@ class RayProgram:
         self.nodes = [n["NodeID"] for n in hosts]
         self.cpus = [int(n["Resources"]["CPU"]) for n in hosts]
         tasks = tg.tasks
-        rank = scheduler.critical_path([t.inputs for t in tasks], [local.task_cost(t) for t in tasks])
+        rank = priority.ranks([t.inputs for t in tasks], [local.task_cost(t) for t in tasks])
         self._program = ray.put((tg, rank))
         self.inputs = defaultdict(list)  # machine -> [(name, box, dtype)] of the graph inputs it reads
         for task in tasks:
