@@ -39,7 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import einsummable as es
-from einsummable.cli_plan import training_graph
+from einsummable.cli_plan import inference_graph, training_graph
 from einsummable.engines import simulate, simulate_cluster
 from einsummable.ir.graph import EinGraph
 from einsummable.lower.cluster import cluster_graph
@@ -56,13 +56,7 @@ def llama_train(layers: int | None) -> EinGraph:
 
 
 def llama_infer(layers: int | None) -> EinGraph:
-    cfg = _config(layers)
-    g = es.Graph()
-    p = llama.parameters(g, cfg)
-    ids = g.input("ids", (1, 2048), "i64")
-    pos = g.ramp((1, 2048), steps=(0.0, 1.0))
-    g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, 2048)))
-    return g.ir
+    return inference_graph(_config(layers), 1, 2048).ir
 
 
 def _config(layers: int | None):

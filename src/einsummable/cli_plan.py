@@ -42,11 +42,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if args.mode == "train":
         g = training_graph(cfg, args.batch, args.seq, args.optimizer)
     else:
-        g = Graph()
-        p = llama.parameters(g, cfg)
-        ids = g.input("ids", (args.batch, args.seq), "i64")
-        pos = g.ramp((args.batch, args.seq), steps=(0.0, 1.0))
-        g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, args.seq)))
+        g = inference_graph(cfg, args.batch, args.seq)
     n_params = sum(math.prod(s) for s in cfg.parameter_shapes().values())
     print(f"{args.model}: {n_params / 1e6:,.1f}M parameters, {args.mode} at batch {args.batch} x "
           f"seq {args.seq}, {len(g.ir)} graph nodes, on {cluster.machines} x {cluster.cores} workers, "
@@ -86,6 +82,16 @@ def training_graph(cfg: LlamaConfig, batch: int, seq: int, optimizer: str = "ada
         return g
     output_gradients(g, loss, p)
     g.output("loss", loss)
+    return g
+
+
+def inference_graph(cfg: LlamaConfig, batch: int, seq: int) -> Graph:
+    """A causal forward pass: i64 ids in, logits out."""
+    g = Graph()
+    p = llama.parameters(g, cfg)
+    ids = g.input("ids", (batch, seq), "i64")
+    pos = g.ramp((batch, seq), steps=(0.0, 1.0))
+    g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, seq)))
     return g
 
 

@@ -11,14 +11,12 @@ from dataclasses import replace
 
 import pytest
 
-import einsummable as es
-from einsummable.cli_plan import training_graph
+from einsummable.cli_plan import inference_graph, training_graph
 from einsummable.engines import simulate, simulate_cluster
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.cluster import cluster_graph
 from einsummable.lower.lowering import lower
 from einsummable.models.llama import PRESETS
-from einsummable.models.llama import model as llama
 from einsummable.plan.planners import make_plan
 
 
@@ -38,13 +36,7 @@ def small_train():
 def small_infer():
     """Batch-1 inference: Megatron's split of the attention scores along the head
     dimension leaves 8 partial sums of the scores to add on one core."""
-    cfg = _config(512, 1, 4096)
-    g = es.Graph()
-    p = llama.parameters(g, cfg)
-    ids = g.input("ids", (1, 512), "i64")
-    pos = g.ramp((1, 512), steps=(0.0, 1.0))
-    g.output("logits", llama.forward(cfg, p, ids, pos, llama.causal_mask(g, 512)))
-    return g.ir
+    return inference_graph(_config(512, 1, 4096), 1, 512).ir
 
 
 def _ratio_core(g, machines: int, cores: int, planner: str) -> float:
