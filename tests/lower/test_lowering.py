@@ -54,6 +54,30 @@ def test_matching_partitions_move_nothing():
         assert len(moved_b) == 3 and stats(tg).bytes_moved == copied
 
 
+def test_a_block_assembled_for_readers_is_made_once_per_machine():
+    """b is split in 2 columns on workers 0 and 1; the matmul is split in 4 row blocks, each
+    of which reads all of b. Worker 0 assembles b; workers 1, 2 and 3 take worker 0's block
+    as a view. Before, each of the four built its own copy."""
+    from einsummable.engines import simulate
+
+    g = _matmul()
+    parts = _parts((1, 1), (1, 2), (4, 1, 1))
+    cluster = Cluster.local(4)
+    tg = lower(build(g, cluster, parts))
+    tg.validate()
+    whole_b = [t for t, task in enumerate(tg.tasks) if isinstance(task, PartialTask) and task.shape == (8, 8)]
+    assert len(whole_b) == 1
+    shared = [task for task in tg.tasks if isinstance(task, MoveTask) and task.inputs[0] in whole_b]
+    assert sorted(task.loc for task in shared) == [1, 2, 3]
+    # bytes within: the row blocks of a that workers 1-3 slice off worker 0's whole a; the
+    # whole blocks handed on (b, and b's half that worker 0 reads) are views, no bytes
+    assert stats(tg).bytes_within == 3 * 2 * 8 * 4
+    want = _feeds(g)
+    np.testing.assert_allclose(sequential.run(tg, want)["c"], want["a"] @ want["b"], rtol=1e-5)
+    inputs, outputs, copies = (8 * 8 + 8 * 8) * 4, 8 * 8 * 4, 8 * 8 * 4
+    assert max(simulate.run(tg, cluster).peak_memory) <= inputs + outputs + copies
+
+
 def test_partial_sums_are_combined_where_they_live_before_moving():
     g = _matmul()
     # 4 blocks over the contracted index, on 2 machines: 2 partial sums per machine
