@@ -20,6 +20,7 @@ from einsummable.errors import EinsummableError, FeedError, PlanError
 from einsummable.frontend.tensor import Graph
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import canonical
+from einsummable.ir.fuse import fuse
 from einsummable.ir.graph import EinGraph, InputNode
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import TaskGraph
@@ -320,6 +321,6 @@ def compile(
     hardware = _cluster(workers, cluster)
     if engine in WHOLE:
         return Program(ir, engine, ENGINES[engine](ir, None))
-    plan = make_plan(ir, hardware, planner)
+    plan = make_plan(fuse(ir), hardware, planner)  # the oracle, above, runs the graph unfused
     taskgraph = lower(plan)
     return Program(ir, engine, ENGINES[engine](ir, taskgraph, **options), plan, taskgraph)
