@@ -16,6 +16,8 @@ from pathlib import Path
 from einsummable.errors import EinsummableError
 from einsummable.frontend.tensor import Graph
 from einsummable.hardware.cluster import Cluster
+from einsummable.ir.fuse import fuse
+from einsummable.ir.graph import EinGraph
 from einsummable.models.llama import INDEX_ROLES, weights
 from einsummable.models.llama import model as llama
 from einsummable.models.llama.model import PRESETS, LlamaConfig
@@ -44,19 +46,21 @@ def cmd_plan(args: argparse.Namespace) -> None:
     else:
         g = inference_graph(cfg, args.batch, args.seq)
     n_params = sum(math.prod(s) for s in cfg.parameter_shapes().values())
+    ir = fuse(g.ir)  # what compile plans
     print(f"{args.model}: {n_params / 1e6:,.1f}M parameters, {args.mode} at batch {args.batch} x "
-          f"seq {args.seq}, {len(g.ir)} graph nodes, on {cluster.machines} x {cluster.cores} workers, "
+          f"seq {args.seq}, {len(g.ir)} graph nodes ({len(ir)} fused), on {cluster.machines} x "
+          f"{cluster.cores} workers, "
           f"{cluster.memory_per_machine / 2**30:.4g} GiB per machine")
     compare = args.compare == "yes" or (args.compare == "auto" and cluster.workers <= COMPARE_UP_TO)
     start = time.perf_counter()
-    plan = plan_with_progress(g, cluster, args.planner, compare)
+    plan = plan_with_progress(ir, cluster, args.planner, compare)
     print(f"planned in {time.perf_counter() - start:.1f} s"
           + (" (with the baselines)" if compare else
              " (baselines not planned: add --compare yes to see them side by side)"))
     print(plan if args.full else report.brief(plan, INDEX_ROLES))
 
 
-def plan_with_progress(g: Graph, cluster: Cluster, planner: str, compare: bool) -> Plan:
+def plan_with_progress(g: EinGraph, cluster: Cluster, planner: str, compare: bool) -> Plan:
     """``make_plan`` with, on a terminal, a progress bar with an ETA, one step per planner
     (planning a big cluster takes minutes). The baselines are planned here, under the bar,
     rather than when the report is printed."""
@@ -67,7 +71,7 @@ def plan_with_progress(g: Graph, cluster: Cluster, planner: str, compare: bool) 
             if bar is not None:
                 bar.update(done - bar.done, now=name or "done")
 
-        plan = make_plan(g.ir, cluster, planner, compare=compare, progress=tick)
+        plan = make_plan(g, cluster, planner, compare=compare, progress=tick)
         if compare:
             _ = plan.baselines
     return plan
@@ -135,9 +139,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     if args.model not in PRESETS:
         raise EinsummableError(f"unknown model {args.model!r}; name one of {sorted(PRESETS)}")
     cfg, cluster = PRESETS[args.model], plan_cluster(args)
-    g = training_graph(cfg, args.batch, args.seq, args.optimizer).ir
-    print(f"{args.model} training step, batch {args.batch} x seq {args.seq}: {len(g)} graph nodes, "
-          f"on {cluster}")
+    g = fuse(training_graph(cfg, args.batch, args.seq, args.optimizer).ir)  # what compile plans
+    print(f"{args.model} training step, batch {args.batch} x seq {args.seq}: {len(g)} graph nodes "
+          f"(fused), on {cluster}")
     start = time.perf_counter()
     try:
         plan = make_plan(g, cluster, args.planner, compare=False)
