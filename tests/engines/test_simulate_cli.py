@@ -9,6 +9,7 @@ from einsummable.cli import main
 from einsummable.cli_plan import training_graph
 from einsummable.engines import simulate
 from einsummable.hardware.cluster import Cluster
+from einsummable.ir.fuse import fuse
 from einsummable.lower.lowering import lower
 from einsummable.models.llama.model import PRESETS
 from einsummable.plan.planners import make_plan
@@ -20,7 +21,7 @@ def test_simulate_writes_the_step_of_the_core_level_replay(tmp_path, capsys):
                  "32", "--json", str(out), "--trace", str(tmp_path / "t.json")]) == 0
     got = json.loads(out.read_text())
     cluster = replace(Cluster(machines=1, cores=64), machines=2, cores=1)  # the CLI's default rates
-    plan = make_plan(training_graph(PRESETS["tiny"], 8, 32).ir, cluster, compare=False)
+    plan = make_plan(fuse(training_graph(PRESETS["tiny"], 8, 32).ir), cluster, compare=False)  # as compile
     tg = lower(plan)
     assert got["step_seconds"] == pytest.approx(simulate.run(tg, cluster).makespan, rel=1e-9)
     assert got["tasks"]["machine_level"] == len(tg.tasks)
