@@ -279,6 +279,7 @@ def test_exp_past_libmvec_fast_range_matches_numpy(dtype):
     assert _same_bits(plain, got[: len(near)], zeros_equal=False).all()
 
 
+@pytest.mark.slow  # a timing check: run it with -m slow on a quiet machine, not in every CI run
 def test_exp_past_libmvec_fast_range_is_not_slow():
     """The point of issue 18: a row full of a causal mask's -1e9 (and -inf) took libmvec's
     scalar fallback per lane, ~15-35x the time of ordinary arguments. Now within a few x
