@@ -102,3 +102,24 @@ def test_compile_plans_the_fused_graph_and_matches_the_reference():
     feeds = {"x": rng.standard_normal((32, 16)).astype(np.float32),
              "w": rng.standard_normal((16, 8)).astype(np.float32)}
     np.testing.assert_allclose(prog.run(feeds)["y"], reference.run(g.ir, feeds)["y"], rtol=1e-5)
+
+
+def test_softmax_backward_is_two_passes_over_the_block():
+    """softmax's gradient y * (dy - sum(y * dy)): the row sum and the final join, each one
+    pass over the [rows, cols] block (four einsums over it before fusion)."""
+    g = es.Graph()
+    x, dy = g.input("x", (8, 16)), g.input("dy", (8, 16))
+    loss = es.einsum("ij,ij->", es.nn.softmax(x, axis=-1), dy, agg="add")
+    (gx,) = es.grad(loss, [x])
+    g.output("loss", loss)
+    g.output("gx", gx)
+
+    def backward_passes(ir):
+        forward = ir.live(roots=[ir.outputs["loss"]])
+        return sum(1 for v, n in enumerate(ir.nodes)
+                   if isinstance(n, EinsumNode) and not forward[v] and n.op.join_shape == (8, 16))
+
+    assert backward_passes(g.ir) == 4 and backward_passes(fuse(g.ir)) == 2
+    rng = np.random.default_rng(3)
+    same_outputs(g.ir, {"x": rng.standard_normal((8, 16)).astype(np.float32),
+                        "dy": rng.standard_normal((8, 16)).astype(np.float32)})
