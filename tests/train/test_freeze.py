@@ -57,7 +57,9 @@ def test_frozen_parameters_have_no_gradient_no_state_and_do_not_change(accum):
     assert set(t.trainable) == set(params) - frozen
     assert optimizer_owners(t) == set(t.trainable)
     graph = t.micro.graph if accum > 1 else t.program.graph
-    assert not [n for n in graph.outputs if any(n.endswith(f) for f in frozen)]
+    # no gradient or new state of a frozen weight; the weight itself is returned as it came in
+    assert not [n for n in graph.outputs if n not in frozen and any(n.endswith(f) for f in frozen)]
+    assert all(getattr(graph.nodes[graph.outputs[n]], "name", None) == n for n in frozen)
     if accum == 1:
         only = frozen_only_shapes(t, frozen & set(MATRICES))
         assert not only & computed_shapes(t)
@@ -147,3 +149,29 @@ def test_lora_settings_read_back_from_json():
     assert cfg.lora == lora.LoraConfig(4, 8.0, ("q_proj", "o_proj")) and cfg.freeze == ("lm_head.weight",)
     with pytest.raises(EinsummableError, match="'freeze' must be tuple"):
         TrainConfig.from_dict({"freeze": "lm_head.weight"}, "f")
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_frozen_weights_stay_on_the_workers_between_steps(accum, monkeypatch):
+    """A frozen weight is no optimizer's output, so without returning it unchanged the
+    session would hold the driver's array and feed it on every step (across the network on
+    Ray). Oracle: what the engine is handed at each run."""
+    from einsummable.compile import Program
+    from einsummable.engines.blocks import Blocks
+
+    params = init_params(ODD, seed=1)
+    cfg = TrainConfig(**(BASE | {"accum": accum, "steps": 2}), freeze=("lm_head.weight",))
+    t = Trainer(ODD, params, cfg, corpus(), engine="local", workers=2)
+    fed: list[object] = []
+    execute = Program.execute
+
+    def spy(prog, arrays, variables, carry=frozenset()):
+        if "lm_head.weight" in arrays:
+            fed.append(arrays["lm_head.weight"])
+        return execute(prog, arrays, variables, carry)
+
+    monkeypatch.setattr(Program, "execute", spy)
+    t.fit()
+    assert len(fed) == 2 * accum and not isinstance(fed[0], Blocks)  # the first run: the array
+    assert all(isinstance(w, Blocks) for w in fed[1:])  # then the blocks it left on the workers
+    np.testing.assert_array_equal(t.params["lm_head.weight"], params["lm_head.weight"])

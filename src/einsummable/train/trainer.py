@@ -165,6 +165,8 @@ class Trainer:
         g, p, loss = llama.loss_graph(model, cfg.batch, cfg.seq, dtype, residuals=residuals, lora=cfg.lora)
         self.trainable = _trainable(p, params, cfg)
         train = {name: p[name] for name in self.trainable}
+        for name in [n for n in p if n not in train]:  # frozen: returned unchanged, so that a run
+            g.output(name, p[name])  # leaves them on the workers (Ray), not fed again each step
         if cfg.accum == 1:
             self.update = self._optimizer(train, loss)
             graph = self._remat(g, loss, residuals)
