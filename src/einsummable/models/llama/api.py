@@ -113,6 +113,8 @@ class Model:
         ids = g.input("ids", (batch, seq), "i64")
         pos = g.ramp((batch, seq), steps=(0.0, 1.0))
         g.output("logits", llama.forward(self.config, p, ids, pos, None).astype("f32"))  # causal
+        for name, w in p.items():  # returned unchanged: a run leaves the weights on the workers
+            g.output(name, w)
         return g
 
     def _tokens(self, ids: object) -> np.ndarray:
