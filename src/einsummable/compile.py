@@ -157,8 +157,8 @@ class Session:
         if isinstance(state, Session):
             self._resident = state._resident
         else:
-            arrays = check_inputs(graph, state)
-            self._resident = Resident({k: np.array(v, copy=True) for k, v in arrays.items()})
+            self._resident = Resident({})
+            self.put(state)
 
     @property
     def resident(self) -> Resident:

@@ -123,23 +123,20 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
     if cluster.workers != tg.workers or cluster.cores != tg.cores:
         raise SimulationError(f"the TaskGraph is for {tg.workers} workers of {tg.cores} cores per machine, "
                               f"the cluster is {cluster}")
-    if durations is not None and len(durations) != len(tg.tasks):
-        raise SimulationError(f"{len(durations)} durations for {len(tg.tasks)} tasks")
-    nbytes = [_nbytes(t) for t in tg.tasks]
-    dur = list(durations) if durations is not None else _durations(tg, cluster, nbytes)
-    return replay(CompactGraph.from_taskgraph(tg), cluster, dur, widths, slots)
+    dur = list(durations) if durations is not None else _durations(tg, cluster)
+    return replay(CompactGraph.from_taskgraph(tg), cluster, dur, widths, slots)  # checks len(dur)
 
 
-def _durations(tg: TaskGraph, cluster: Cluster, nbytes: list[int]) -> list[float]:
+def _durations(tg: TaskGraph, cluster: Cluster) -> list[float]:
     """Seconds each task holds its core; for a move between machines, its NICs (latency comes after)."""
     cache: dict[Einsummable, float] = {}
     out = [0.0] * len(tg.tasks)
     for t, task in enumerate(tg.tasks):
         if isinstance(task, MoveTask):
             if tg.machine_of(task.src) == tg.machine_of(task.loc):
-                out[t] = cluster.latency_within + nbytes[t] / cluster.bandwidth_within
+                out[t] = cluster.latency_within + _nbytes(task) / cluster.bandwidth_within
             else:
-                out[t] = nbytes[t] / cluster.bandwidth_across
+                out[t] = _nbytes(task) / cluster.bandwidth_across
             continue
         if isinstance(task, ApplyTask):
             if task.op not in cache:

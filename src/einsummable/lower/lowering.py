@@ -107,8 +107,7 @@ class _Lowering:
             return self.add(MoveTask((t,), whole(task.shape), at, w, task.dtype))
         t = self._fetch(u, box, w)
         task = self.tasks[t]
-        fresh = task.loc == w and isinstance(task, PartialTask | ApplyTask) and t not in self.held(u)
-        if made is None and fresh:
+        if task.loc == w and isinstance(task, PartialTask | ApplyTask) and t not in self.held(u):
             self.assembled[(u, box, m)] = (t, w)
         return t
 

@@ -206,20 +206,17 @@ def engine_order(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> np.
     held longer. Dead nodes go last."""
     n = len(g.nodes)
     inputs = [node.inputs if live[v] else () for v, node in enumerate(g.nodes)]
-    users: list[list[int]] = [[] for _ in range(n)]
-    for v, ins in enumerate(inputs):
-        for u in ins:
-            users[u].append(v)
+    ptr, users = priority.readers(inputs)
     pending = [len(ins) for ins in inputs]
     cost = [sps[v].flops + nbytes(g.nodes[v]) if live[v] else 0.0 for v in range(n)]
-    rank = priority.ranks(inputs, cost)
+    rank = priority.critical_path(cost, ptr, users)
     ready = [(-rank[v], v) for v in range(n) if live[v] and not pending[v]]
     heapq.heapify(ready)
     out = []
     while ready:
         _, v = heapq.heappop(ready)
         out.append(v)
-        for u in users[v]:
+        for u in users[ptr[v]:ptr[v + 1]]:
             pending[u] -= 1
             if not pending[u]:
                 heapq.heappush(ready, (-rank[u], u))
