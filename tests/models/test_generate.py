@@ -2,6 +2,7 @@
 feeds the new ids and positions alone and fetches the sampled ids."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -12,11 +13,16 @@ transformers = pytest.importorskip("transformers")
 import einsummable as es  # noqa: E402
 from einsummable.compile import Program  # noqa: E402
 from einsummable.engines.blocks import Blocks  # noqa: E402
+from einsummable.hardware.cluster import Cluster  # noqa: E402
 from einsummable.models.llama import weights  # noqa: E402
 from einsummable.models.llama.generate import Generator  # noqa: E402
 from einsummable.train.trainer import TrainConfig, Trainer  # noqa: E402
 
 PROMPTS = [[5, 6, 7, 8, 9], [9, 10], [3, 1, 4]]  # left-padded to 5
+# A cluster on which the planner cuts the tiny model's nodes (slow cores, no overhead), so
+# that its programs run on both workers; on the default one it cuts nothing.
+CUTTING = Cluster(cores=2, min_block_seconds=0.0, flops_per_core=1e6, elementwise_flops_per_core=1e5,
+                  task_overhead=0.0)
 
 
 def hf_llama(tmp_path, heads=4, kv_heads=2, tied=False, seed=0):
@@ -56,12 +62,12 @@ class FeedSpy:
 
 
 @pytest.mark.parametrize("heads,kv_heads,tied", [(4, 2, False), (4, 4, True)])
-@pytest.mark.parametrize("engine,workers", [("local", 2), ("local", 1), ("reference", None)])
-def test_resident_greedy_equals_the_fed_path_and_transformers(tmp_path, heads, kv_heads, tied, engine,
-                                                              workers):
+@pytest.mark.parametrize("options", [{"workers": 2}, {"cluster": CUTTING}, {"workers": 1},
+                                     {"engine": "reference"}], ids=["2", "cutting", "1", "reference"])
+def test_resident_greedy_equals_the_fed_path_and_transformers(tmp_path, heads, kv_heads, tied, options):
     model, cfg, params = hf_llama(tmp_path, heads, kv_heads, tied)
-    resident = Generator(cfg, params, engine=engine, workers=workers).generate(PROMPTS, 7)
-    fed = Generator(cfg, params, engine=engine, workers=workers, resident=False).generate(PROMPTS, 7)
+    resident = Generator(cfg, params, **options).generate(PROMPTS, 7)
+    fed = Generator(cfg, params, **options, resident=False).generate(PROMPTS, 7)
     assert resident == fed
     assert resident == transformers_greedy(model, PROMPTS, 7)
 
@@ -69,16 +75,16 @@ def test_resident_greedy_equals_the_fed_path_and_transformers(tmp_path, heads, k
 def test_resident_sampling_equals_the_fed_path(tmp_path):
     _, cfg, params = hf_llama(tmp_path)
     options = dict(temperature=0.9, top_p=0.8, seed=5)
-    resident = Generator(cfg, params, workers=2).generate(PROMPTS, 6, **options)
-    assert resident == Generator(cfg, params, workers=2, resident=False).generate(PROMPTS, 6, **options)
+    resident = Generator(cfg, params, cluster=CUTTING).generate(PROMPTS, 6, **options)
+    assert resident == Generator(cfg, params, cluster=CUTTING, resident=False).generate(PROMPTS, 6, **options)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_decode_step_feeds_only_ids_and_positions(tmp_path, monkeypatch, workers):
+@pytest.mark.parametrize("where", [{"workers": 1}, {"cluster": CUTTING}], ids=["1", "cutting"])
+def test_a_decode_step_feeds_only_ids_and_positions(tmp_path, monkeypatch, where):
     _, cfg, params = hf_llama(tmp_path)
     weight_bytes = sum(w.nbytes for w in params.values())
     spy = FeedSpy(monkeypatch)
-    gen = Generator(cfg, params, workers=workers)
+    gen = Generator(cfg, params, **where)
     gen.generate(PROMPTS, 6)
     steps = spy.decode_steps()
     assert len(steps) == 5
@@ -91,9 +97,20 @@ def test_a_decode_step_feeds_only_ids_and_positions(tmp_path, monkeypatch, worke
     assert all(not any(n in params for n in fed) for fed, _, _ in spy.runs)
     assert not any(n.startswith("cache_") for n in gen._root.resident.tensors)  # the cache is freed
     spy.runs.clear()
-    Generator(cfg, params, workers=workers, resident=False).generate(PROMPTS, 6)
+    Generator(cfg, params, **where, resident=False).generate(PROMPTS, 6)
     before = spy.decode_steps()
     assert len(before) == 5 and all(sum(fed.values()) > weight_bytes for fed, _ in before)
+
+
+def test_programs_whose_plan_cuts_nothing_run_on_one_worker(tmp_path):
+    _, cfg, params = hf_llama(tmp_path)
+    want = Generator(cfg, params, engine="reference").generate(PROMPTS, 4)
+    for options, cut in (({"workers": 2}, False), ({"cluster": CUTTING}, True)):
+        gen = Generator(cfg, params, **options)
+        assert gen.generate(PROMPTS, 4) == want
+        for prog in gen._programs.values():
+            cuts = any(math.prod(part.counts) > 1 for part in prog.plan.parts)
+            assert cuts == cut and prog.taskgraph.workers == (2 if cut else 1)
 
 
 def test_decode_runs_on_one_worker_when_the_simulation_says_so(tmp_path, monkeypatch):
@@ -106,7 +123,7 @@ def test_decode_runs_on_one_worker_when_the_simulation_says_so(tmp_path, monkeyp
             return dataclasses.replace(sim, makespan=1.0 if prog.taskgraph.workers == faster else 2.0)
 
         monkeypatch.setattr(Program, "simulate", predicted)
-        gen = Generator(cfg, params, workers=2)
+        gen = Generator(cfg, params, cluster=CUTTING)
         assert gen.generate(PROMPTS, 4) == want
         workers = {key[0]: p.taskgraph.workers for key, p in gen._programs.items()}
         assert workers == {"prefill": 2, "decode": faster}

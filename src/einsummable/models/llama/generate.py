@@ -12,8 +12,9 @@ and builds its attention mask from ``t`` and the positions in the graph. A step
 feeds the new ids and positions only (12 bytes a sequence) and fetches the sampled
 ids (greedy, an argmax in the graph) or the logits. Both programs output the
 weights unchanged, so each keeps them in its own partition: they move once, when
-a program first reads them, not every step. The decode program runs on all the
-workers or on one, whichever the planner's simulation predicts is faster.
+a program first reads them, not every step. A program whose plan cuts no node runs
+on one local worker (see ``_compile``); a decode otherwise runs on all the workers or
+on one, whichever the planner's simulation predicts is faster.
 
 ``resident=False`` is the driver-fed path: every run feeds all the weights and
 the cache from numpy arrays (the baseline the benchmark compares against).
@@ -21,6 +22,7 @@ the cache from numpy arrays (the baseline the benchmark compares against).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -87,14 +89,21 @@ class Generator:
         return self._programs[key]
 
     def _compile(self, graph: Graph, decode: bool) -> Program:
-        """Decode: on all the workers, or on one if the simulation predicts that is faster (a
-        token is a chain of matrix-vector products, with little worth splitting)."""
+        """On all the workers, or on one: one when the plan cuts no node (every block whole,
+        so more workers only run whole nodes side by side, handing results between threads,
+        while a lone worker's matrix products get all the cores), else (a decode) whichever
+        the simulation predicts is faster (a token is a chain of matrix-vector products)."""
         prog = compile(graph, **self._options)
-        if not decode or prog.taskgraph is None or prog.taskgraph.workers == 1:
+        if prog.taskgraph is None or prog.taskgraph.workers == 1:
             return prog
         cluster = self._options["cluster"]
         one = {"cluster": replace(cluster, machines=1, cores=1)} if cluster is not None else {"workers": 1}
+        whole = prog.engine == "local" and all(math.prod(part.counts) == 1 for part in prog.plan.parts)
+        if not (whole or decode):
+            return prog
         alone = compile(graph, **(self._options | one))
+        if whole:
+            return alone
         return alone if alone.simulate().makespan < prog.simulate().makespan else prog
 
     def _session(self, key: tuple) -> Session:
