@@ -43,12 +43,34 @@ from einsummable.ir.graph import (
 from einsummable.lower.arrays import Builder, void_rows
 from einsummable.lower.assemble import Assembler
 from einsummable.lower.compact import APPLY, INPUT, MOVE, VIEW, CompactGraph, prune
+from einsummable.lower.geometry import INNER, Geometry, geometry, key
 from einsummable.lower.taskgraph import Output
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
 from einsummable.plan.traffic import block_indices
 
-INNER = 1 << 24  # order = request * INNER + the step within the request
+
+class Requests:
+    """A batch of reads (boxes lo, hi at machines w, in order pre), the same read once:
+    the distinct ones (``lo``, ``hi``, ``w``, their first place ``low``) and ``inv``, the
+    distinct read of each. Cached by its bytes: many nodes make the same batch."""
+
+    def __init__(self, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray) -> None:
+        rows = void_rows(np.concatenate([lo, hi, w[:, None]], axis=1))
+        self.uniq, first, inv = np.unique(rows, return_index=True, return_inverse=True)
+        self.inv = inv.ravel()
+        self.low = pre[first]
+        if len(self.uniq) < len(rows):
+            np.minimum.at(self.low, self.inv, pre)
+        self.lo, self.hi, self.w = lo[first], hi[first], w[first]
+        self._keys: list[bytes] | None = None
+
+    def keys(self) -> list[bytes]:
+        """Each distinct read as bytes, the key of a shared value's cache of fetches."""
+        if self._keys is None:
+            blob, width = self.uniq.tobytes(), self.uniq.dtype.itemsize
+            self._keys = [blob[j * width:(j + 1) * width] for j in range(len(self.uniq))]
+        return self._keys
 
 
 @dataclass
@@ -59,6 +81,7 @@ class Held:
     task: np.ndarray  # [Q, R]
     loc: np.ndarray  # [Q, R]
     kept: str  # their dtype (f32 for half partial sums)
+    sig: int = -1  # the same for Helds of the same partition, machines and dtype (the geometry's cache)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -84,6 +107,9 @@ class _Lower(Assembler):
         super().__init__(Builder(plan.cluster.workers, plan.cluster.cores))
         self.outs: dict[int, Held] = {}
         self.fetched: dict[int, dict] = {}
+        self.requests: dict[bytes, Requests] = {}
+        self.geometries: dict[tuple, Geometry] = {}
+        self.sigs: dict[tuple, int] = {}
         self.shared = self.read_by_several()
 
     def read_by_several(self) -> list[bool]:
@@ -108,148 +134,78 @@ class _Lower(Assembler):
         node = self.g.nodes[u]
         if isinstance(node, Fill):
             return self.constants(node.kind, node.dtype, lo, hi, w, pre * INNER)
-        rows = void_rows(np.concatenate([lo, hi, w[:, None]], axis=1))
-        uniq, first, inv = np.unique(rows, return_index=True, return_inverse=True)
-        inv = inv.ravel()
-        low = pre[first]
-        if len(uniq) < len(rows):
-            np.minimum.at(low, inv, pre)
+        k = key(lo, hi, w, pre)
+        r = self.requests.get(k)
+        if r is None:
+            r = self.requests[k] = Requests(lo, hi, w, pre)
         if not self.shared[u]:
-            return self._fetch(u, lo[first], hi[first], w[first], low)[inv]
+            return self._fetch(u, r.lo, r.hi, r.w, r.low, k)[r.inv]
         cache = self.fetched.setdefault(u, {})
-        blob, width = uniq.tobytes(), uniq.dtype.itemsize
-        keys = [blob[j * width:(j + 1) * width] for j in range(len(uniq))]
-        got = np.array([cache.get(k, -1) for k in keys], dtype=np.int64)
+        keys = r.keys()
+        got = np.array([cache.get(b, -1) for b in keys], dtype=np.int64)
         miss = np.flatnonzero(got < 0)
         if len(miss):
-            f = first[miss]
-            got[miss] = self._fetch(u, lo[f], hi[f], w[f], low[miss])
+            sub = k if len(miss) == len(keys) else k + miss.tobytes()
+            got[miss] = self._fetch(u, r.lo[miss], r.hi[miss], r.w[miss], r.low[miss], sub)
             for j in miss.tolist():
                 self.b.remember(cache, keys[j], int(got[j]))
-        return got[inv]
+        return got[r.inv]
 
-    def _fetch(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray) -> np.ndarray:
+    def _fetch(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray,
+               where: bytes) -> np.ndarray:
+        """``fetch`` of distinct boxes; ``where`` identifies (lo, hi, w, pre) for the geometry's cache."""
         h = self.outs[u]
         node = self.g.nodes[u]
-        m, rank = lo.shape
-        kept = self.dt(h.kept)
-        bounds = [np.array(b, dtype=np.int64) for b in h.part.bounds]
-        firsts, lasts = [], []
-        for a in range(rank):
-            firsts.append(np.searchsorted(bounds[a], lo[:, a], "right") - 1)
-            lasts.append(np.searchsorted(bounds[a], hi[:, a], "left") - 1)
-        if h.task.shape[1] == 1 and h.kept == node.dtype:
-            # most reads are a producer block already at the reader's machine: that block's task
-            exact = np.ones(m, dtype=bool)
-            q = np.zeros(m, dtype=np.int64)
-            for a, c in enumerate(h.part.counts):
-                f = np.clip(firsts[a], 0, c - 1)
-                exact &= (lo[:, a] == bounds[a][f]) & (hi[:, a] == bounds[a][f + 1]) & (lasts[a] == f)
-                exact &= lo[:, a] < hi[:, a]  # an empty box reads nothing (a constant), as lowering.py
-                q = q * c + f
-            if exact.all() and (h.loc[q, 0] == w).all():
-                return h.task[q, 0]
-        # the producer blocks each box meets, per dimension, expanded row-major
-        row = np.arange(m)
-        qa: list[np.ndarray] = []
-        for a in range(rank):
-            first, last = firsts[a], lasts[a]
-            count = np.where(lo[:, a] < hi[:, a], np.maximum(last - first + 1, 0), 0)[row]
-            rep = np.repeat(np.arange(len(row)), count)
-            within = np.arange(len(rep)) - (np.cumsum(count) - count)[rep]
-            row = row[rep]
-            qa = [x[rep] for x in qa] + [first[row] + within]
-        n = len(row)
-        q = np.zeros(n, dtype=np.int64)
-        for a, c in enumerate(h.part.counts):
-            q = q * c + qa[a]
-        start = np.searchsorted(row, np.arange(m))
-        p = np.arange(n) - start[row]
-        blo, bhi = np.zeros((n, rank), dtype=np.int64), np.zeros((n, rank), dtype=np.int64)
-        for a in range(rank):
-            blo[:, a], bhi[:, a] = bounds[a][qa[a]], bounds[a][qa[a] + 1]
-        ilo, ihi = np.maximum(lo[row], blo), np.minimum(hi[row], bhi)
-        slo, shi, dst = ilo - blo, ihi - blo, ilo - lo[row]
-        whole = (slo == 0).all(axis=1) & (shi == bhi - blo).all(axis=1)
-        groups = h.task.shape[1] + 1
         agg = node.op.agg if isinstance(node, EinsumNode) else None
-        if h.task.shape[1] == 1:
-            t, at, g = h.task[q, 0], h.loc[q, 0], np.zeros(n, dtype=np.int64)
-        else:
-            row, p, g, t, at, slo, shi, dst, whole = self.combine(h, q, row, p, slo, shi, dst, whole, w, pre,
-                                                                  groups, kept, agg)
-        # pieces that live on another machine move to the reader's
-        away = np.flatnonzero(at != w[row])
-        if len(away):
-            r = row[away]
-            keys = np.concatenate([t[away, None], slo[away], shi[away], at[away, None], w[r, None]], axis=1)
-            order = pre[r] * INNER + (p[away] * groups + g[away]) * 2 + 1
-            moved = self.b.emit(MOVE, keys, order, loc=w[r], src=at[away], dtype=kept,
-                                shape=self.b.shape_ids(shi[away] - slo[away]),
-                                aux=self.b.box_ids("move", None, slo[away], shi[away]), inputs=t[away, None],
-                                shared=self.shared[u])
-            t = t.copy()
-            t[away] = moved
-            shi = shi.copy()
-            shi[away] -= slo[away]
-            slo = slo.copy()
-            slo[away] = 0
-            whole = whole.copy()
-            whole[away] = True
-        # one whole piece of the right shape is the block itself; else a partial assembles them
-        n = len(row)
-        pieces = np.bincount(row, minlength=m)
-        first = np.minimum(np.searchsorted(row, np.arange(m)), max(n - 1, 0))
+        kept = self.dt(h.kept)
+        k = (h.sig, node.dtype, agg, where)
+        geo = self.geometries.get(k)
+        if geo is None:
+            bounds = [np.array(b, dtype=np.int64) for b in h.part.bounds]
+            geo = self.geometries[k] = geometry(bounds, h.part.counts, h.loc, h.task.shape[1],
+                                                h.kept == node.dtype, lo, hi, w, pre)
+        if geo.exact is not None:
+            return h.task[geo.exact, 0]
+        ids, shared = geo.ids, self.shared[u]
+        tasks = h.task.ravel()
+        t = tasks[geo.take]
+        for s in geo.sums:
+            if s.piece not in ids:
+                ids[s.piece] = self.b.shape_ids(np.array([s.size]))[0]
+            k = len(s.tasks)
+            t[s.piece] = self.partial(tasks[s.tasks].tolist(), [[0] * len(s.size)] * k, [s.size] * k,
+                                      [[0] * len(s.size)] * k, ids[s.piece], kept, agg, s.loc, 0.0, s.order)
+        if len(geo.away):
+            if "move" not in ids:
+                ids["move"] = (self.b.shape_ids(geo.move_size),
+                               self.b.box_ids("move", None, geo.move_slo, geo.move_shi))
+            shape, aux = ids["move"]
+            src = t[geo.away]
+            keys = np.concatenate([src[:, None], geo.move_keys], axis=1)
+            t[geo.away] = self.b.emit(MOVE, keys, geo.move_order, loc=keys[:, -1], src=keys[:, -2],
+                                      dtype=kept, shape=shape, aux=aux, inputs=src[:, None], shared=shared)
+        m = len(lo)
         out = np.full(m, -1, dtype=np.int64)
-        one = np.zeros(m, dtype=bool)
-        if n:
-            one = (pieces == 1) & whole[first] & ((shi - slo)[first] == hi - lo).all(axis=1)
-            out[one] = t[first[one]]
-        empty = np.flatnonzero(pieces == 0)
-        if len(empty):
-            size = hi[empty] - lo[empty]
-            out[empty] = self.constants(Constant(0.0), h.kept, np.zeros_like(size), size,
-                                        w[empty], pre[empty] * INNER + INNER - 2)
-        rest = np.flatnonzero((pieces > 0) & ~one)
-        if len(rest):
-            shapes = np.zeros(m, dtype=np.int64)
-            shapes[rest] = self.b.shape_ids(hi[rest] - lo[rest])
-            for c in np.unique(pieces[rest]).tolist():
-                f = rest[pieces[rest] == c]
-                j = first[f][:, None] + np.arange(c)
-                out[f] = self.partials(t[j], slo[j], shi[j], dst[j], shapes[f], kept, agg, w[f], 0.0,
-                                       pre[f] * INNER + INNER - 2, self.shared[u])
+        out[geo.one] = t[geo.one_piece]
+        if len(geo.empty):
+            e = geo.empty
+            size = hi[e] - lo[e]
+            out[e] = self.constants(Constant(0.0), h.kept, np.zeros_like(size), size, w[e],
+                                    pre[e] * INNER + INNER - 2, memo=ids.setdefault("empty", {}))
+        if geo.groups:
+            if "rest" not in ids:
+                rest = np.sort(np.concatenate([f for f, *_ in geo.groups]))  # interned in the uncached order
+                ids["rest"] = np.zeros(m, dtype=np.int64)
+                ids["rest"][rest] = self.b.shape_ids(hi[rest] - lo[rest])
+            shapes = ids["rest"]
+            for c, (f, j, slo, shi, dst) in enumerate(geo.groups):
+                order = pre[f] * INNER + INNER - 2
+                out[f] = self.partials(t[j], slo, shi, dst, shapes[f], kept, agg, w[f], 0.0, order, shared,
+                                       memo=ids.setdefault(("group", c), {}))
         if h.kept != node.dtype:  # the formed block: the wide partial sum rounds, once
-            out = self.cast(u, node.dtype, h.kept, out, hi - lo, w, pre * INNER + INNER - 1, self.shared[u])
+            out = self.cast(u, node.dtype, h.kept, out, hi - lo, w, pre * INNER + INNER - 1, shared,
+                            memo=ids.setdefault("cast", {}))
         return out
-
-    def combine(self, h: Held, q, row, p, slo, shi, dst, whole, w, pre, groups, kept, agg):
-        """Each piece's partial sums grouped by machine, the reader's first; a group of
-        several is summed where it lives (a partial) before it moves."""
-        cols: list[list] = [[] for _ in range(9)]
-        tasks, locs = h.task.tolist(), h.loc.tolist()
-        sl, sh, ds, wh = slo.tolist(), shi.tolist(), dst.tolist(), whole.tolist()
-        rows, ps = row.tolist(), p.tolist()
-        for i, qi in enumerate(q.tolist()):
-            wi = int(w[rows[i]])
-            by_loc: dict[int, list[int]] = {}
-            for ti, li in zip(tasks[qi], locs[qi], strict=True):
-                by_loc.setdefault(li, []).append(ti)
-            for gi, (li, ts) in enumerate(sorted(by_loc.items(), key=lambda item: item[0] != wi)):
-                lo_, hi_, whole_ = sl[i], sh[i], wh[i]
-                if len(ts) == 1:
-                    ti = ts[0]
-                else:
-                    shape = [b - a for a, b in zip(lo_, hi_, strict=True)]
-                    ti = self.partial(ts, [lo_] * len(ts), [hi_] * len(ts), [[0] * len(shape)] * len(ts),
-                                      self.b.shape_ids(np.array([shape]))[0], kept, agg, li, 0.0,
-                                      int(pre[rows[i]]) * INNER + (ps[i] * groups + gi) * 2)
-                    lo_, hi_, whole_ = [0] * len(shape), shape, True
-                for c, v in zip(cols, (rows[i], ps[i], gi, ti, li, lo_, hi_, ds[i], whole_), strict=True):
-                    c.append(v)
-        arr = [np.array(c, dtype=np.int64) for c in cols[:5]]
-        boxes = [np.array(c, dtype=np.int64).reshape(len(cols[0]), slo.shape[1]) for c in cols[5:8]]
-        return (*arr, *boxes, np.array(cols[8], dtype=bool))
 
     # ------------------------------------------------------------ rules per node kind
 
@@ -408,6 +364,9 @@ def lower_blocks(plan: Plan) -> CompactGraph:
         held = lw.rule(nid, np.asarray(plan.where(nid), dtype=np.int64))
         remap = lw.b.finish()
         held.task = remap(held.task)
+        if held.sig < 0:
+            sig = (held.part, held.loc.shape, held.loc.tobytes(), held.kept)
+            held.sig = lw.sigs.setdefault(sig, len(lw.sigs))
         lw.outs[nid] = held
     outputs = {}
     for name, nid in g.outputs.items():
