@@ -226,11 +226,22 @@ class Builder:
         return remap
 
     def graph(self, outputs: dict[str, Output]) -> CompactGraph:
-        cols = {c: np.concatenate(self.done[c]) if self.done[c] else np.zeros(0, dtype=t)
-                for c, t in zip(COLUMNS, TYPES, strict=True)}
+        """The finished tasks as one CompactGraph. The builder is spent: its index and its
+        per-node arrays are let go as they are joined, so that they and the joined arrays
+        are not all held at once."""
+        self.index = []
+        cols = {}
+        for c, t in zip(COLUMNS, TYPES, strict=True):
+            parts = self.done.pop(c)
+            cols[c] = np.concatenate(parts) if parts else np.zeros(0, dtype=t)
+            del parts
         lengths = np.concatenate(self.done_lengths) if self.done_lengths else np.zeros(0, dtype=np.int64)
-        indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.done_lengths = []
+        indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        del lengths
         indices = np.concatenate(self.done_indices) if self.done_indices else np.zeros(0, dtype=np.int32)
+        self.done_indices = []
         return CompactGraph(**cols, indptr=indptr, indices=indices, dtypes=tuple(self.lists["dtype"]),
                             shapes=tuple(self.lists["shape"]), aux_table=tuple(self.lists["aux"]),
                             outputs=outputs, workers=self.workers, cores=self.cores)

@@ -373,4 +373,6 @@ def lower_blocks(plan: Plan) -> CompactGraph:
         node, held = g.nodes[nid], lw.outs[nid]
         blocks = tuple((int(held.task[q, 0]), box) for q, box in enumerate(held.part.boxes()))
         outputs[name] = Output(node.shape, node.dtype, blocks)
-    return prune(lw.b.graph(outputs))
+    builder = lw.b
+    del lw  # its caches and the nodes' blocks, before the arrays are joined: the peak of lowering
+    return prune(builder.graph(outputs))
