@@ -22,7 +22,6 @@ operand, piece, step) and each node's new tasks are sorted by it. Cost: about
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,37 +39,13 @@ from einsummable.ir.graph import (
     Reshape,
     Select,
 )
-from einsummable.lower.arrays import Builder, void_rows
+from einsummable.lower.arrays import Builder
 from einsummable.lower.assemble import Assembler
 from einsummable.lower.compact import APPLY, INPUT, MOVE, VIEW, CompactGraph, prune
-from einsummable.lower.geometry import INNER, Geometry, geometry, key
+from einsummable.lower.geometry import INNER, Geometry, Operands, Requests, geometry, grid, key
 from einsummable.lower.taskgraph import Output
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
-from einsummable.plan.traffic import block_indices
-
-
-class Requests:
-    """A batch of reads (boxes lo, hi at machines w, in order pre), the same read once:
-    the distinct ones (``lo``, ``hi``, ``w``, their first place ``low``) and ``inv``, the
-    distinct read of each. Cached by its bytes: many nodes make the same batch."""
-
-    def __init__(self, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray) -> None:
-        rows = void_rows(np.concatenate([lo, hi, w[:, None]], axis=1))
-        self.uniq, first, inv = np.unique(rows, return_index=True, return_inverse=True)
-        self.inv = inv.ravel()
-        self.low = pre[first]
-        if len(self.uniq) < len(rows):
-            np.minimum.at(self.low, self.inv, pre)
-        self.lo, self.hi, self.w = lo[first], hi[first], w[first]
-        self._keys: list[bytes] | None = None
-
-    def keys(self) -> list[bytes]:
-        """Each distinct read as bytes, the key of a shared value's cache of fetches."""
-        if self._keys is None:
-            blob, width = self.uniq.tobytes(), self.uniq.dtype.itemsize
-            self._keys = [blob[j * width:(j + 1) * width] for j in range(len(self.uniq))]
-        return self._keys
 
 
 @dataclass
@@ -84,23 +59,6 @@ class Held:
     sig: int = -1  # the same for Helds of the same partition, machines and dtype (the geometry's cache)
 
 
-@functools.lru_cache(maxsize=4096)
-def indices(counts: tuple[int, ...]) -> np.ndarray:
-    """``block_indices``, shared: many nodes have the same counts."""
-    return block_indices(counts)
-
-
-def grid(part: Partition) -> tuple[np.ndarray, np.ndarray]:
-    """[blocks, rank] lo and hi of every block, row-major."""
-    idx = indices(part.counts)
-    lo = np.zeros(idx.shape, dtype=np.int64)
-    hi = np.zeros(idx.shape, dtype=np.int64)
-    for d, b in enumerate(part.bounds):
-        b = np.array(b, dtype=np.int64)
-        lo[:, d], hi[:, d] = b[idx[:, d]], b[idx[:, d] + 1]
-    return lo, hi
-
-
 class _Lower(Assembler):
     def __init__(self, plan: Plan) -> None:
         self.g, self.plan = plan.graph, plan
@@ -109,6 +67,7 @@ class _Lower(Assembler):
         self.fetched: dict[int, dict] = {}
         self.requests: dict[bytes, Requests] = {}
         self.geometries: dict[tuple, Geometry] = {}
+        self.einsums: dict[tuple, Operands] = {}
         self.sigs: dict[tuple, int] = {}
         self.shared = self.read_by_several()
 
@@ -128,13 +87,16 @@ class _Lower(Assembler):
 
     # ------------------------------------------------------------ fetch
 
-    def fetch(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray) -> np.ndarray:
+    def fetch(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray,
+              k: bytes | None = None) -> np.ndarray:
         """Tasks holding box [lo, hi) of node u's value at machine w, one per row; ``pre``
-        orders the requests as lowering.py makes them (all of a node's reads of u at once)."""
+        orders the requests as lowering.py makes them (all of a node's reads of u at once);
+        ``k``: their ``key``, where the caller has it."""
         node = self.g.nodes[u]
         if isinstance(node, Fill):
             return self.constants(node.kind, node.dtype, lo, hi, w, pre * INNER)
-        k = key(lo, hi, w, pre)
+        if k is None:
+            k = key(lo, hi, w, pre)
         r = self.requests.get(k)
         if r is None:
             r = self.requests[k] = Requests(lo, hi, w, pre)
@@ -238,6 +200,34 @@ class _Lower(Assembler):
 
     def einsum(self, nid: int, w: np.ndarray) -> Held:
         node: EinsumNode = self.g.nodes[nid]
+        us, sp = node.inputs, self.plan.spaces[nid]
+        k = (self.plan.parts[nid], w.tobytes(), node.op, sp, tuple(self.g.nodes[u].shape for u in us),
+             tuple(us.index(u) for u in us))
+        e = self.einsums.get(k)
+        if e is None:
+            e = self.einsums[k] = self.operands(nid, w)
+        nb, nk = len(w), len(us)
+        args = np.empty((nb, nk), dtype=np.int64)
+        for ks, lo, hi, bw, pre, where in e.batches:  # the operands read from one producer, at once
+            args[:, ks] = self.fetch(us[ks[0]], lo, hi, bw, pre, where).reshape(len(ks), nb).T
+        if "ops" not in e.ids:  # interned after the fetches, as when nothing was cached
+            ops = np.zeros(nb, dtype=np.int64)
+            shapes = e.shapes
+            uniq, inv = (np.unique(shapes, axis=0, return_inverse=True) if shapes.shape[1]
+                         else (shapes[:1], ops))
+            for j, shape in enumerate(uniq.tolist()):
+                ops[inv.ravel() == j] = self.b.intern("aux", e.op.block(shape))
+            e.ids["ops"] = ops, self.dt(e.op.dtype), self.b.shape_ids(shapes[:, :e.op.out_rank])
+        ops, dt, shape = e.ids["ops"]
+        keys = np.concatenate([ops[:, None], args, w[:, None], np.full((nb, 1), nid)], axis=1)
+        ids = self.b.emit(APPLY, keys, e.order, loc=w, node=nid, dtype=dt, shape=shape, aux=ops, inputs=args,
+                          shared=False)
+        q = e.out.num_blocks
+        return Held(e.out, ids.reshape(q, nb // q), w.reshape(q, nb // q), e.op.dtype)
+
+    def operands(self, nid: int, w: np.ndarray) -> Operands:
+        """An einsum's blocks and what they read of each producer (``einsum`` caches it)."""
+        node: EinsumNode = self.g.nodes[nid]
         part = self.plan.parts[nid]
         out = self.plan.out_partition(nid)
         op = node.op
@@ -245,20 +235,15 @@ class _Lower(Assembler):
             op = replace(op, join=Cast("f32", op.join))  # partial sums: kept in f32 until formed
         lo, hi = grid(part)
         nb, nk = len(lo), len(node.inputs)
-        reqs = [(u, *self.reads(nid, k, lo, hi), w, np.arange(nb) * (nk + 1) + k)
-                for k, u in enumerate(node.inputs)]
-        args = np.stack(self.fetch_all(reqs), axis=1) if nk else np.zeros((nb, 0), dtype=np.int64)
-        shapes = hi - lo
-        ops = np.zeros(nb, dtype=np.int64)
-        uniq, inv = np.unique(shapes, axis=0, return_inverse=True) if shapes.shape[1] else (shapes[:1], ops)
-        for j, shape in enumerate(uniq.tolist()):
-            ops[inv.ravel() == j] = self.b.intern("aux", op.block(shape))
-        keys = np.concatenate([ops[:, None], args, w[:, None], np.full((nb, 1), nid)], axis=1)
-        ids = self.b.emit(APPLY, keys, (np.arange(nb) * (nk + 1) + nk) * INNER, loc=w, node=nid,
-                          dtype=self.dt(op.dtype), shape=self.b.shape_ids(shapes[:, :op.out_rank]), aux=ops,
-                          inputs=args, shared=False)
-        q = out.num_blocks
-        return Held(out, ids.reshape(q, nb // q), w.reshape(q, nb // q), op.dtype)
+        reads = [self.reads(nid, k, lo, hi) for k in range(nk)]
+        batches = []
+        for u in dict.fromkeys(node.inputs):  # in the order lowering.py reads them
+            ks = [k for k, v in enumerate(node.inputs) if v == u]
+            blo, bhi = (np.concatenate([reads[k][j] for k in ks]) for j in range(2))
+            bw = np.tile(w, len(ks))
+            pre = np.concatenate([np.arange(nb) * (nk + 1) + k for k in ks])
+            batches.append((ks, blo, bhi, bw, pre, key(blo, bhi, bw, pre)))
+        return Operands(out, op, hi - lo, batches, (np.arange(nb) * (nk + 1) + nk) * INNER)
 
     def single(self, nid: int, w: np.ndarray, make) -> Held:
         """A node whose output blocks are its space blocks, one task each."""

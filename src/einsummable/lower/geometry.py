@@ -12,9 +12,15 @@ for, in the uncached order, so the tables come out the same as without the cache
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from einsummable.ir.einsummable import Einsummable
+from einsummable.lower.arrays import void_rows
+from einsummable.plan.partition import Partition
+from einsummable.plan.traffic import block_indices
 
 INNER = 1 << 24  # order = request * INNER + the step within the request
 
@@ -23,6 +29,58 @@ def key(*arrays: np.ndarray) -> bytes:
     """One bytes key for int64 arrays whose lengths the caller fixes (rows, rank)."""
     return b"".join(np.ascontiguousarray(a, dtype=np.int64).tobytes() for a in arrays) + \
         np.array([a.shape[-1] if a.ndim > 1 else -1 for a in arrays], dtype=np.int64).tobytes()
+
+
+@functools.lru_cache(maxsize=4096)
+def indices(counts: tuple[int, ...]) -> np.ndarray:
+    """``block_indices``, shared: many nodes have the same counts."""
+    return block_indices(counts)
+
+
+def grid(part: Partition) -> tuple[np.ndarray, np.ndarray]:
+    """[blocks, rank] lo and hi of every block, row-major."""
+    idx = indices(part.counts)
+    lo = np.zeros(idx.shape, dtype=np.int64)
+    hi = np.zeros(idx.shape, dtype=np.int64)
+    for d, b in enumerate(part.bounds):
+        b = np.array(b, dtype=np.int64)
+        lo[:, d], hi[:, d] = b[idx[:, d]], b[idx[:, d] + 1]
+    return lo, hi
+
+
+class Requests:
+    """A batch of reads (boxes lo, hi at machines w, in order pre), the same read once:
+    the distinct ones (``lo``, ``hi``, ``w``, their first place ``low``) and ``inv``, the
+    distinct read of each. Cached by its bytes: many nodes make the same batch."""
+
+    def __init__(self, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray) -> None:
+        rows = void_rows(np.concatenate([lo, hi, w[:, None]], axis=1))
+        self.uniq, first, inv = np.unique(rows, return_index=True, return_inverse=True)
+        self.inv = inv.ravel()
+        self.low = pre[first]
+        if len(self.uniq) < len(rows):
+            np.minimum.at(self.low, self.inv, pre)
+        self.lo, self.hi, self.w = lo[first], hi[first], w[first]
+        self._keys: list[bytes] | None = None
+
+    def keys(self) -> list[bytes]:
+        """Each distinct read as bytes, the key of a shared value's cache of fetches."""
+        if self._keys is None:
+            blob, width = self.uniq.tobytes(), self.uniq.dtype.itemsize
+            self._keys = [blob[j * width:(j + 1) * width] for j in range(len(self.uniq))]
+        return self._keys
+
+
+@dataclass
+class Operands:
+    """An einsum's blocks and the boxes they read, batched per producer (lower/blockwise.py)."""
+
+    out: Partition  # of its value
+    op: Einsummable  # f32-wide where the blocks are half partial sums
+    shapes: np.ndarray  # [blocks, rank] of its space blocks
+    batches: list[tuple]  # per producer: (its operands, lo, hi, machines, places, their key)
+    order: np.ndarray  # [blocks] the applies' places in lowering.py's order
+    ids: dict = field(default_factory=dict)  # table ids, filled on first use
 
 
 @dataclass
