@@ -20,7 +20,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from einsummable.lower.compact import KINDS, TYPES, CompactGraph
+from einsummable.lower.compact import CONSTANT, KINDS, TYPES, CompactGraph
 from einsummable.lower.taskgraph import Output
 
 COLUMNS = ("kind", "loc", "src", "node", "dtype", "shape", "aux")
@@ -56,6 +56,10 @@ class Builder:
         self.done_lengths: list[np.ndarray] = []
         self.done_indices: list[np.ndarray] = []
         self.index: list[dict[Hashable, int]] = [{} for _ in KINDS]  # identical tasks are one
+        # the index's entries per owner (a node whose value's tasks they move, sum or view): let go
+        # once nothing can make them again (``release``); None: kept to the end
+        self.owner: int | None = None
+        self.owned: dict[int, list[list[Hashable]]] = {}
         self.tables: dict[str, dict[Hashable, int]] = {"shape": {}, "dtype": {}, "aux": {}}
         self.lists: dict[str, list] = {"shape": [], "dtype": [], "aux": []}
         self._reset()
@@ -134,12 +138,14 @@ class Builder:
             d = self.index[kind]
             ids = np.empty(len(uniq), dtype=np.int64)
             new = []
+            made = self.owned_keys(kind)
             for j in range(len(uniq)):
                 key = blob[j * width:(j + 1) * width]
                 t = d.get(key)
                 if t is None:
                     t = d[key] = base + len(new)
                     self.fresh.append((d, key))
+                    made.append(key)
                     new.append(j)
                 ids[j] = t
             pending = ids >= self.n
@@ -178,6 +184,7 @@ class Builder:
             return t
         t = d[key] = self.n + self.count
         self.fresh.append((d, key))
+        self.owned_keys(kind).append(key)
         for c, v in (("kind", kind), ("loc", loc), ("src", loc), ("node", node), ("dtype", dtype),
                      ("shape", shape), ("aux", aux)):
             self.cols[c].append(np.array([v], dtype=TYPES[COLUMNS.index(c)]))
@@ -187,6 +194,19 @@ class Builder:
             self.flat.append(np.array(inputs, dtype=np.int64))
         self.count += 1
         return t
+
+    def owned_keys(self, kind: int) -> list:
+        """Where the new index entries of this kind go: their owner's list (constants have
+        none: any node may make the same one), else a list nobody keeps."""
+        if self.owner is None or kind == CONSTANT:
+            return []
+        return self.owned.setdefault(self.owner, [[] for _ in KINDS])[kind]
+
+    def release(self, owner: int) -> None:
+        """Drop the index entries of ``owner``: no task to come can be one of them."""
+        for d, keys in zip(self.index, self.owned.pop(owner, ()), strict=False):
+            for key in keys:
+                del d[key]
 
     def remember(self, d: dict, key: Hashable, t: int) -> None:
         """A cache entry (a fetch) that may hold a temporary id until ``finish``."""

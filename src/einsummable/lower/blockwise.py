@@ -70,6 +70,7 @@ class _Lower(Assembler):
         self.einsums: dict[tuple, Operands] = {}
         self.sigs: dict[tuple, int] = {}
         self.shared = self.read_by_several()
+        self.release_at = self.last_reads()
 
     def read_by_several(self) -> list[bool]:
         """Per node: is its value (its blocks' tasks) read by more than one node? A
@@ -84,6 +85,27 @@ class _Lower(Assembler):
         for v, us in enumerate(self.g.users()):
             readers.setdefault(root[v], set()).update(us)
         return [len(readers[root[v]]) > 1 for v in range(len(root))]
+
+    def last_reads(self) -> dict[int, list[int]]:
+        """Per node n: the nodes u whose tasks no node after n reads, so that the index
+        entries made from them (moves, sums, casts, views) and u's fetches can go after n.
+        A select or a formation may hold its inputs' tasks (or their moves) as its own
+        blocks, so its readers read them too: an input's tasks live as long as the nodes
+        that hold them are read (``life``); and a fetch of a select or formation makes
+        entries from its inputs' tasks too, so it lives as long as they do."""
+        g = self.g
+        users, holds = g.users(), [isinstance(node, Select | Formation) for node in g.nodes]
+        life = [-1] * len(g.nodes)
+        for v in reversed(range(len(g.nodes))):
+            for r in users[v]:
+                life[v] = max(life[v], r, life[r] if holds[r] else -1)
+        for v, node in enumerate(g.nodes):
+            if holds[v]:
+                life[v] = max([life[v], *(life[x] for x in node.inputs)])
+        at: dict[int, list[int]] = {}
+        for v, n in enumerate(life):
+            at.setdefault(n, []).append(v)
+        return at
 
     # ------------------------------------------------------------ fetch
 
@@ -100,8 +122,16 @@ class _Lower(Assembler):
         r = self.requests.get(k)
         if r is None:
             r = self.requests[k] = Requests(lo, hi, w, pre)
-        if not self.shared[u]:
-            return self._fetch(u, r.lo, r.hi, r.w, r.low, k)[r.inv]
+        self.b.owner = u  # what _fetch adds to the index goes with u's tasks (``last_reads``)
+        try:
+            if not self.shared[u]:
+                return self._fetch(u, r.lo, r.hi, r.w, r.low, k)[r.inv]
+            return self.fetch_shared(u, r, k)
+        finally:
+            self.b.owner = None
+
+    def fetch_shared(self, u: int, r: Requests, k: bytes) -> np.ndarray:
+        """``fetch`` of a value that several nodes read: each read at most once over all of them."""
         cache = self.fetched.setdefault(u, {})
         keys = r.keys()
         got = np.array([cache.get(b, -1) for b in keys], dtype=np.int64)
@@ -278,8 +308,11 @@ class _Lower(Assembler):
             def view(lo, hi):
                 src = self.fetch(node.inputs[0], *self.reads(nid, 0, lo, hi), w, np.arange(nb) * 2)
                 keys = np.stack([src, np.full(nb, self.dt(node.dtype)), self.b.shape_ids(hi - lo), w], axis=1)
-                return self.b.emit(VIEW, keys, (np.arange(nb) * 2 + 1) * INNER, loc=w, dtype=keys[:, 1],
-                                   shape=keys[:, 2], inputs=src[:, None], shared=self.shared[node.inputs[0]])
+                self.b.owner = node.inputs[0]
+                ids = self.b.emit(VIEW, keys, (np.arange(nb) * 2 + 1) * INNER, loc=w, dtype=keys[:, 1],
+                                  shape=keys[:, 2], inputs=src[:, None], shared=self.shared[node.inputs[0]])
+                self.b.owner = None
+                return ids
             return self.single(nid, w, view)
         raise TypeError(f"no lowering rule for {type(node).__name__}")
 
@@ -343,16 +376,19 @@ def lower_blocks(plan: Plan) -> CompactGraph:
     g = plan.graph
     lw = _Lower(plan)
     live = g.live()
+    outs = set(g.outputs.values())
     for nid, node in enumerate(g.nodes):
-        if not live[nid] or (isinstance(node, Fill) and nid not in g.outputs.values()):
-            continue  # fills are made where they are read
-        held = lw.rule(nid, np.asarray(plan.where(nid), dtype=np.int64))
-        remap = lw.b.finish()
-        held.task = remap(held.task)
-        if held.sig < 0:
-            sig = (held.part, held.loc.shape, held.loc.tobytes(), held.kept)
-            held.sig = lw.sigs.setdefault(sig, len(lw.sigs))
-        lw.outs[nid] = held
+        if live[nid] and not (isinstance(node, Fill) and nid not in outs):  # fills are made where read
+            held = lw.rule(nid, np.asarray(plan.where(nid), dtype=np.int64))
+            remap = lw.b.finish()
+            held.task = remap(held.task)
+            if held.sig < 0:
+                sig = (held.part, held.loc.shape, held.loc.tobytes(), held.kept)
+                held.sig = lw.sigs.setdefault(sig, len(lw.sigs))
+            lw.outs[nid] = held
+        for u in lw.release_at.pop(nid, ()):
+            lw.b.release(u)
+            lw.fetched.pop(u, None)
     outputs = {}
     for name, nid in g.outputs.items():
         node, held = g.nodes[nid], lw.outs[nid]
