@@ -69,43 +69,51 @@ class _Lower(Assembler):
         self.geometries: dict[tuple, Geometry] = {}
         self.einsums: dict[tuple, Operands] = {}
         self.sigs: dict[tuple, int] = {}
-        self.shared = self.read_by_several()
-        self.release_at = self.last_reads()
+        self.shared, self.release_at = self.readers()
 
-    def read_by_several(self) -> list[bool]:
-        """Per node: is its value (its blocks' tasks) read by more than one node? A
-        formation of a value that is not a partial sum is that value, so they count
-        together. A value read by one node is fetched in one batch, so its moves and
-        partials need no index and no cache."""
-        root = list(range(len(self.g.nodes)))
-        for v, node in enumerate(self.g.nodes):
-            if isinstance(node, Formation) and not self.plan.spaces[node.inputs[0]].aggregated:
-                root[v] = root[node.inputs[0]]
+    def holds(self) -> list[bool]:
+        """Per node: may it hold its inputs' tasks as its own blocks (a block it reads whole,
+        where it is)? A select may; a formation may unless its input's blocks are partial
+        sums (then it sums them into new tasks)."""
+        plan = self.plan
+        return [isinstance(node, Select) or (isinstance(node, Formation) and
+                plan.parts[node.inputs[0]].num_blocks == plan.out_partition(node.inputs[0]).num_blocks)
+                for node in self.g.nodes]
+
+    def readers(self) -> tuple[list[bool], dict[int, list[int]]]:
+        """Per node: can more than one node read its tasks? Those of a value read by one
+        node are fetched in one batch, so their moves and partials need no index and no
+        cache; but a node that holds its inputs' tasks (``holds``) shares them with its
+        readers. And per node n: the nodes whose tasks no node after n reads (a holder's
+        readers read its inputs' tasks too), so that the index entries made from their
+        tasks (moves, sums, casts, views) and their fetches can go after n."""
+        g, holds = self.g, self.holds()
+        parent = list(range(len(g.nodes)))  # one group: a holder and its inputs
+
+        def find(v: int) -> int:
+            while parent[v] != v:
+                parent[v] = v = parent[parent[v]]
+            return v
+
+        for v, node in enumerate(g.nodes):
+            for x in node.inputs if holds[v] else ():
+                parent[find(x)] = find(v)
+        root = [find(v) for v in range(len(parent))]
+        users = g.users()
         readers: dict[int, set[int]] = {}
-        for v, us in enumerate(self.g.users()):
+        for v, us in enumerate(users):
             readers.setdefault(root[v], set()).update(us)
-        return [len(readers[root[v]]) > 1 for v in range(len(root))]
-
-    def last_reads(self) -> dict[int, list[int]]:
-        """Per node n: the nodes u whose tasks no node after n reads, so that the index
-        entries made from them (moves, sums, casts, views) and u's fetches can go after n.
-        A select or a formation may hold its inputs' tasks (or their moves) as its own
-        blocks, so its readers read them too: an input's tasks live as long as the nodes
-        that hold them are read (``life``); and a fetch of a select or formation makes
-        entries from its inputs' tasks too, so it lives as long as they do."""
-        g = self.g
-        users, holds = g.users(), [isinstance(node, Select | Formation) for node in g.nodes]
         life = [-1] * len(g.nodes)
         for v in reversed(range(len(g.nodes))):
             for r in users[v]:
                 life[v] = max(life[v], r, life[r] if holds[r] else -1)
-        for v, node in enumerate(g.nodes):
+        for v, node in enumerate(g.nodes):  # a holder's fetches make entries from its inputs' tasks
             if holds[v]:
                 life[v] = max([life[v], *(life[x] for x in node.inputs)])
         at: dict[int, list[int]] = {}
         for v, n in enumerate(life):
             at.setdefault(n, []).append(v)
-        return at
+        return [len(readers[r]) > 1 for r in root], at
 
     # ------------------------------------------------------------ fetch
 
