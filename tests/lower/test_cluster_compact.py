@@ -140,3 +140,21 @@ def test_a_select_holding_its_inputs_block_shares_the_moves_of_it():
     _, got, want = same(plan)
     assert got.tasks == want.tasks and got.outputs == want.outputs
     assert sum(isinstance(t, MoveTask) for t in got.tasks) == 2  # x's first block to 1, its second to 0
+
+
+def test_a_task_keyed_by_a_task_of_the_same_node_is_found_by_later_nodes():
+    """Each block of x.reshape(4, 2, 2) on machine 0 gathers a row band of x (a move, a
+    partial) and views it: the view's identity names the partial, made in the same node,
+    which has a temporary id until the node is done. The same reshape again must find
+    those views (lowering.py makes them once)."""
+    g = es.Graph()
+    x = g.input("x", (4, 4))
+    g.output("a", x.reshape((4, 2, 2)) * 2.0)
+    g.output("b", x.reshape((4, 2, 2)) * 3.0)
+    parts = [Partition.uniform(s, (1, 2)) if s == (4, 4) else Partition.uniform(s, (2, 1, 1))
+             for s in _shapes(g.ir)]
+    locs = {0: (0, 1), 1: (0, 0), 2: (0, 0), 3: (0, 0), 4: (0, 0)}  # x, its reshape, * 2, again, * 3
+    plan = replace(build(g.ir, Cluster(machines=2, cores=1), parts), where=locs.__getitem__)
+    _, got, want = same(plan)
+    assert got.tasks == want.tasks and got.outputs == want.outputs
+    assert sum(type(t).__name__ == "ViewTask" for t in got.tasks) == 2

@@ -71,6 +71,9 @@ class Builder:
         self.flat: list[np.ndarray] = []
         self.lowered: list[tuple[np.ndarray, np.ndarray]] = []  # (temporary ids, order): min with their order
         self.fresh: list[tuple[dict, Hashable]] = []  # dict entries holding temporary ids
+        # index keys that name tasks by temporary ids: (index, their rows, the id columns, their
+        # owner's list and places in it), renamed by ``finish``
+        self.stale: list[tuple[dict, np.ndarray, tuple[int, ...], list, list[int]]] = []
         self.count = 0  # tasks new in this node
 
     # ------------------------------------------------------------ tables
@@ -114,10 +117,13 @@ class Builder:
     # ------------------------------------------------------------ emitting
 
     def emit(self, kind: int, keys: np.ndarray, order: np.ndarray, *, loc, src=None, node=-1, dtype, shape,
-             aux=-1, inputs: np.ndarray | None = None, shared: bool = True) -> np.ndarray:
+             aux=-1, inputs: np.ndarray | None = None, shared: bool = True, ids_at: tuple[int, ...] = ()
+             ) -> np.ndarray:
         """Ids of the tasks whose identities are the rows of ``keys`` [N, c] (equal rows: one task).
 
-        Column arguments are [N] arrays or scalars; ``inputs`` is [N, k]. ``shared=False``:
+        Column arguments are [N] arrays or scalars; ``inputs`` is [N, k]; ``ids_at``: the
+        columns of ``keys`` that are task ids (inputs), renamed in the index when the tasks
+        they name get their final ids (``finish``). ``shared=False``:
         no other batch can make these tasks (an apply names its node; a move reads a
         block that only this node reads), so they are not remembered: most tasks are
         not, which keeps the index, and the memory of lowering, small."""
@@ -139,6 +145,7 @@ class Builder:
             ids = np.empty(len(uniq), dtype=np.int64)
             new = []
             made = self.owned_keys(kind)
+            at = len(made)
             for j in range(len(uniq)):
                 key = blob[j * width:(j + 1) * width]
                 t = d.get(key)
@@ -148,6 +155,11 @@ class Builder:
                     made.append(key)
                     new.append(j)
                 ids[j] = t
+            if ids_at and new:
+                rows = keys[first[new]]
+                temp = np.flatnonzero((rows[:, list(ids_at)] >= self.n).any(axis=1))
+                if len(temp):
+                    self.stale.append((d, rows[temp], ids_at, made, (at + temp).tolist()))
             pending = ids >= self.n
             if pending.any():
                 self.lowered.append((ids[pending], low[pending]))
@@ -184,7 +196,11 @@ class Builder:
             return t
         t = d[key] = self.n + self.count
         self.fresh.append((d, key))
-        self.owned_keys(kind).append(key)
+        made = self.owned_keys(kind)
+        made.append(key)
+        if any(i >= self.n for i in inputs):  # the key is [*inputs, ...] (assemble.partial)
+            self.stale.append((d, np.frombuffer(key, dtype=np.int64)[None], tuple(range(len(inputs))), made,
+                               [len(made) - 1]))
         for c, v in (("kind", kind), ("loc", loc), ("src", loc), ("node", node), ("dtype", dtype),
                      ("shape", shape), ("aux", aux)):
             self.cols[c].append(np.array([v], dtype=TYPES[COLUMNS.index(c)]))
@@ -241,6 +257,20 @@ class Builder:
             v = d[key]
             if v >= base:
                 d[key] = int(final[v - base])
+        # keys naming this node's tasks by temporary ids: by their final ids (all taken out
+        # first, as an old key may be another's new one)
+        moved = []
+        for d, rows, at, made, places in self.stale:
+            renamed = rows.copy()
+            renamed[:, list(at)] = remap(rows[:, list(at)])
+            old, new = rows.tobytes(), renamed.tobytes()
+            width = rows.shape[1] * 8
+            for j, place in enumerate(places):
+                b = new[j * width:(j + 1) * width]
+                moved.append((d, b, d.pop(old[j * width:(j + 1) * width])))
+                made[place] = b
+        for d, b, t in moved:
+            d[b] = t
         self.n += m
         self._reset()
         return remap

@@ -83,7 +83,7 @@ class Assembler:
             keys = np.concatenate([ts[ok], aux[:, None], shape[ok, None], np.full((len(ok), 1), dtype),
                                    loc[ok, None]], axis=1)
             out[ok] = self.b.emit(PARTIAL, keys, order[ok], loc=loc[ok], dtype=dtype, shape=shape[ok],
-                                  aux=aux, inputs=ts[ok], shared=shared)
+                                  aux=aux, inputs=ts[ok], shared=shared, ids_at=tuple(range(c)))
         return out
 
     def constants(self, kind, dtype: str, lo, hi, w, order, memo: dict | None = None) -> np.ndarray:
@@ -115,4 +115,4 @@ class Assembler:
         ops, dt, shape = memo["ops"]
         keys = np.stack([ops, t, w, np.full(len(t), u)], axis=1)
         return self.b.emit(APPLY, keys, order, loc=w, node=u, dtype=dt, shape=shape, aux=ops,
-                           inputs=t[:, None], shared=shared)
+                           inputs=t[:, None], shared=shared, ids_at=(1,))

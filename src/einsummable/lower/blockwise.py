@@ -183,7 +183,8 @@ class _Lower(Assembler):
             src = t[geo.away]
             keys = np.concatenate([src[:, None], geo.move_keys], axis=1)
             t[geo.away] = self.b.emit(MOVE, keys, geo.move_order, loc=keys[:, -1], src=keys[:, -2],
-                                      dtype=kept, shape=shape, aux=aux, inputs=src[:, None], shared=shared)
+                                      dtype=kept, shape=shape, aux=aux, inputs=src[:, None], shared=shared,
+                                      ids_at=(0,))
         m = len(lo)
         out = np.full(m, -1, dtype=np.int64)
         out[geo.one] = t[geo.one_piece]
@@ -318,7 +319,8 @@ class _Lower(Assembler):
                 keys = np.stack([src, np.full(nb, self.dt(node.dtype)), self.b.shape_ids(hi - lo), w], axis=1)
                 self.b.owner = node.inputs[0]
                 ids = self.b.emit(VIEW, keys, (np.arange(nb) * 2 + 1) * INNER, loc=w, dtype=keys[:, 1],
-                                  shape=keys[:, 2], inputs=src[:, None], shared=self.shared[node.inputs[0]])
+                                  shape=keys[:, 2], inputs=src[:, None], shared=self.shared[node.inputs[0]],
+                                  ids_at=(0,))
                 self.b.owner = None
                 return ids
             return self.single(nid, w, view)
