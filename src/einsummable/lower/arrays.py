@@ -24,6 +24,7 @@ from einsummable.lower.compact import CONSTANT, KINDS, TYPES, CompactGraph
 from einsummable.lower.taskgraph import Output
 
 COLUMNS = ("kind", "loc", "src", "node", "dtype", "shape", "aux")
+CHUNK = 1 << 16  # elements per chunk of a finished column
 
 
 def void_rows(keys: np.ndarray) -> np.ndarray:
@@ -48,13 +49,44 @@ class Remap:
         return out
 
 
+class Chunks:
+    """A growing column of one dtype, kept in chunks of ``CHUNK`` elements: a node's tasks
+    are copied into the free room, so a million tasks are a few dozen arrays, not one
+    small array (and its ~100 bytes of header) per node and column."""
+
+    def __init__(self, dtype) -> None:
+        self.dtype = dtype
+        self.chunks: list[np.ndarray] = []
+        self.used = 0  # of the last chunk
+
+    def extend(self, a: np.ndarray) -> None:
+        at = 0
+        while at < len(a):
+            if not self.chunks or self.used == len(self.chunks[-1]):
+                self.chunks.append(np.empty(CHUNK, dtype=self.dtype))
+                self.used = 0
+            last = self.chunks[-1]
+            k = min(len(a) - at, len(last) - self.used)
+            last[self.used:self.used + k] = a[at:at + k]
+            self.used += k
+            at += k
+
+    def take(self) -> np.ndarray:
+        """The whole column, in one array; the chunks are let go."""
+        if self.chunks:
+            self.chunks[-1] = self.chunks[-1][:self.used]
+        out = np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=self.dtype)
+        self.chunks = []
+        return out
+
+
 class Builder:
     def __init__(self, workers: int, cores: int) -> None:
         self.workers, self.cores = workers, cores
         self.n = 0  # tasks finished (ids below n are final)
-        self.done: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
-        self.done_lengths: list[np.ndarray] = []
-        self.done_indices: list[np.ndarray] = []
+        self.done = {c: Chunks(t) for c, t in zip(COLUMNS, TYPES, strict=True)}
+        self.done_lengths = Chunks(np.int32)
+        self.done_indices = Chunks(np.int32)
         self.index: list[dict[Hashable, int]] = [{} for _ in KINDS]  # identical tasks are one
         # the index's entries per owner (a node whose value's tasks they move, sum or view): let go
         # once nothing can make them again (``release``); None: kept to the end
@@ -65,7 +97,7 @@ class Builder:
         self._reset()
 
     def _reset(self) -> None:
-        self.cols: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+        self.rows: list[np.ndarray] = []  # [m, len(COLUMNS)] int64 per batch of new tasks
         self.order: list[np.ndarray] = []
         self.lengths: list[np.ndarray] = []
         self.flat: list[np.ndarray] = []
@@ -166,17 +198,10 @@ class Builder:
         if len(new):
             pick = first[new]
             m = len(new)
-
-            def col(x, dt):
-                return np.full(m, x, dtype=dt) if np.isscalar(x) else np.asarray(x)[pick].astype(dt)
-
-            self.cols["kind"].append(np.full(m, kind, dtype=np.uint8))
-            self.cols["loc"].append(col(loc, np.int32))
-            self.cols["src"].append(col(loc if src is None else src, np.int32))
-            self.cols["node"].append(col(node, np.int32))
-            self.cols["dtype"].append(col(dtype, np.uint8))
-            self.cols["shape"].append(col(shape, np.int32))
-            self.cols["aux"].append(col(aux, np.int32))
+            rows = np.empty((m, len(COLUMNS)), dtype=np.int64)
+            for j, x in enumerate((kind, loc, loc if src is None else src, node, dtype, shape, aux)):
+                rows[:, j] = x[pick] if isinstance(x, np.ndarray) else x
+            self.rows.append(rows)
             self.order.append(low[new])
             k = 0 if inputs is None else inputs.shape[1]
             self.lengths.append(np.full(m, k, dtype=np.int64))
@@ -201,9 +226,7 @@ class Builder:
         if any(i >= self.n for i in inputs):  # the key is [*inputs, ...] (assemble.partial)
             self.stale.append((d, np.frombuffer(key, dtype=np.int64)[None], tuple(range(len(inputs))), made,
                                [len(made) - 1]))
-        for c, v in (("kind", kind), ("loc", loc), ("src", loc), ("node", node), ("dtype", dtype),
-                     ("shape", shape), ("aux", aux)):
-            self.cols[c].append(np.array([v], dtype=TYPES[COLUMNS.index(c)]))
+        self.rows.append(np.array([[kind, loc, loc, node, dtype, shape, aux]], dtype=np.int64))
         self.order.append(np.array([order], dtype=np.int64))
         self.lengths.append(np.array([len(inputs)], dtype=np.int64))
         if inputs:
@@ -244,15 +267,16 @@ class Builder:
         final = np.empty(m, dtype=np.int64)
         final[perm] = np.arange(base, base + m)
         remap = Remap(base, final)
-        for c in COLUMNS:
-            self.done[c].append(np.concatenate(self.cols[c])[perm])
+        rows = np.concatenate(self.rows)[perm]
+        for j, c in enumerate(COLUMNS):
+            self.done[c].extend(rows[:, j])
         lengths = np.concatenate(self.lengths)
         flat = remap(np.concatenate(self.flat)) if self.flat else np.zeros(0, dtype=np.int64)
         starts = np.cumsum(lengths) - lengths
         plen = lengths[perm]
         gather = np.repeat(starts[perm] - (np.cumsum(plen) - plen), plen) + np.arange(plen.sum())
-        self.done_lengths.append(plen)
-        self.done_indices.append(flat[gather].astype(np.int32))
+        self.done_lengths.extend(plen)
+        self.done_indices.extend(flat[gather])
         for d, key in self.fresh:
             v = d[key]
             if v >= base:
@@ -280,18 +304,12 @@ class Builder:
         per-node arrays are let go as they are joined, so that they and the joined arrays
         are not all held at once."""
         self.index = []
-        cols = {}
-        for c, t in zip(COLUMNS, TYPES, strict=True):
-            parts = self.done.pop(c)
-            cols[c] = np.concatenate(parts) if parts else np.zeros(0, dtype=t)
-            del parts
-        lengths = np.concatenate(self.done_lengths) if self.done_lengths else np.zeros(0, dtype=np.int64)
-        self.done_lengths = []
+        cols = {c: self.done[c].take() for c in COLUMNS}
+        lengths = self.done_lengths.take()
         indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=indptr[1:])
         del lengths
-        indices = np.concatenate(self.done_indices) if self.done_indices else np.zeros(0, dtype=np.int32)
-        self.done_indices = []
+        indices = self.done_indices.take()
         return CompactGraph(**cols, indptr=indptr, indices=indices, dtypes=tuple(self.lists["dtype"]),
                             shapes=tuple(self.lists["shape"]), aux_table=tuple(self.lists["aux"]),
                             outputs=outputs, workers=self.workers, cores=self.cores)

@@ -256,13 +256,13 @@ class _Lower(Assembler):
                          else (shapes[:1], ops))
             for j, shape in enumerate(uniq.tolist()):
                 ops[inv.ravel() == j] = self.b.intern("aux", e.op.block(shape))
-            e.ids["ops"] = ops, self.dt(e.op.dtype), self.b.shape_ids(shapes[:, :e.op.out_rank])
+            e.ids["ops"] = ops, self.dt(e.dtype), self.b.shape_ids(shapes[:, :e.op.out_rank])
         ops, dt, shape = e.ids["ops"]
         keys = np.concatenate([ops[:, None], args, w[:, None], np.full((nb, 1), nid)], axis=1)
         ids = self.b.emit(APPLY, keys, e.order, loc=w, node=nid, dtype=dt, shape=shape, aux=ops, inputs=args,
                           shared=False)
         q = e.out.num_blocks
-        return Held(e.out, ids.reshape(q, nb // q), w.reshape(q, nb // q), e.op.dtype)
+        return Held(e.out, ids.reshape(q, nb // q), w.reshape(q, nb // q), e.dtype)
 
     def operands(self, nid: int, w: np.ndarray) -> Operands:
         """An einsum's blocks and what they read of each producer (``einsum`` caches it)."""
@@ -282,7 +282,7 @@ class _Lower(Assembler):
             bw = np.tile(w, len(ks))
             pre = np.concatenate([np.arange(nb) * (nk + 1) + k for k in ks])
             batches.append((ks, blo, bhi, bw, pre, key(blo, bhi, bw, pre)))
-        return Operands(out, op, hi - lo, batches, (np.arange(nb) * (nk + 1) + nk) * INNER)
+        return Operands(out, op, op.dtype, hi - lo, batches, (np.arange(nb) * (nk + 1) + nk) * INNER)
 
     def single(self, nid: int, w: np.ndarray, make) -> Held:
         """A node whose output blocks are its space blocks, one task each."""

@@ -77,6 +77,7 @@ class Operands:
 
     out: Partition  # of its value
     op: Einsummable  # f32-wide where the blocks are half partial sums
+    dtype: str  # op.dtype (a property that walks the op's expression)
     shapes: np.ndarray  # [blocks, rank] of its space blocks
     batches: list[tuple]  # per producer: (its operands, lo, hi, machines, places, their key)
     order: np.ndarray  # [blocks] the applies' places in lowering.py's order
