@@ -158,3 +158,19 @@ def test_a_task_keyed_by_a_task_of_the_same_node_is_found_by_later_nodes():
     _, got, want = same(plan)
     assert got.tasks == want.tasks and got.outputs == want.outputs
     assert sum(type(t).__name__ == "ViewTask" for t in got.tasks) == 2
+
+
+def test_two_nodes_made_of_the_same_tasks_share_the_moves_of_them():
+    """Two equal reshapes of x on machine 0 are the same view tasks; * 2 and * 3 on
+    machine 1 both move that view there. lowering.py makes that move once; so must the
+    arrays, though each reshape has one reader."""
+    g = es.Graph()
+    x = g.input("x", (4, 4))
+    g.output("a", x.reshape((4, 2, 2)) * 2.0)
+    g.output("b", x.reshape((4, 2, 2)) * 3.0)
+    parts = [Partition.whole(s) for s in _shapes(g.ir)]
+    locs = {0: (0,), 1: (0,), 2: (1,), 3: (0,), 4: (1,)}  # x, its reshape, * 2, again, * 3
+    plan = replace(build(g.ir, Cluster(machines=2, cores=1), parts), where=locs.__getitem__)
+    _, got, want = same(plan)
+    assert got.tasks == want.tasks and got.outputs == want.outputs
+    assert sum(isinstance(t, MoveTask) for t in got.tasks) == 1

@@ -72,13 +72,23 @@ class _Lower(Assembler):
         self.shared, self.release_at = self.readers()
 
     def holds(self) -> list[bool]:
-        """Per node: may it hold its inputs' tasks as its own blocks (a block it reads whole,
-        where it is)? A select may; a formation may unless its input's blocks are partial
-        sums (then it sums them into new tasks)."""
-        plan = self.plan
-        return [isinstance(node, Select) or (isinstance(node, Formation) and
-                plan.parts[node.inputs[0]].num_blocks == plan.out_partition(node.inputs[0]).num_blocks)
-                for node in self.g.nodes]
+        """Per node: may its blocks be tasks that other nodes' blocks are too? A select's
+        may be its inputs' blocks as they are (a block it reads whole, where it is), and
+        a formation's, unless its input's blocks are partial sums (they sum into new
+        tasks). And a select, formation or view of a value that other nodes read too may
+        make the same tasks as one of those (the index finds them): the same views of the
+        same blocks, the same sums of the same partial sums."""
+        plan, g = self.plan, self.g
+        users = g.users()
+        out = []
+        for node in g.nodes:
+            keeps = isinstance(node, Select) or (isinstance(node, Formation) and
+                                                 plan.parts[node.inputs[0]].num_blocks ==
+                                                 plan.out_partition(node.inputs[0]).num_blocks)
+            same = (isinstance(node, Select | Formation | Reshape | ComplexView)
+                    and any(len(set(users[x])) > 1 for x in node.inputs))
+            out.append(keeps or same)
+        return out
 
     def readers(self) -> tuple[list[bool], dict[int, list[int]]]:
         """Per node: can more than one node read its tasks? Those of a value read by one
@@ -130,7 +140,7 @@ class _Lower(Assembler):
         r = self.requests.get(k)
         if r is None:
             r = self.requests[k] = Requests(lo, hi, w, pre)
-        self.b.owner = u  # what _fetch adds to the index goes with u's tasks (``last_reads``)
+        self.b.owner = u  # what _fetch adds to the index goes with u's tasks (``readers``)
         try:
             if not self.shared[u]:
                 return self._fetch(u, r.lo, r.hi, r.w, r.low, k)[r.inv]
@@ -139,7 +149,11 @@ class _Lower(Assembler):
             self.b.owner = None
 
     def fetch_shared(self, u: int, r: Requests, k: bytes) -> np.ndarray:
-        """``fetch`` of a value that several nodes read: each read at most once over all of them."""
+        """``fetch`` of a value that several nodes read: each read at most once over all of them.
+        Reads that are all u's blocks in place need no cache: they are those blocks' tasks."""
+        geo = self.geometry(u, r.lo, r.hi, r.w, r.low, k)
+        if geo.exact is not None:
+            return self.outs[u].task[geo.exact, 0][r.inv]
         cache = self.fetched.setdefault(u, {})
         keys = r.keys()
         got = np.array([cache.get(b, -1) for b in keys], dtype=np.int64)
@@ -156,16 +170,11 @@ class _Lower(Assembler):
         """``fetch`` of distinct boxes; ``where`` identifies (lo, hi, w, pre) for the geometry's cache."""
         h = self.outs[u]
         node = self.g.nodes[u]
-        agg = node.op.agg if isinstance(node, EinsumNode) else None
-        kept = self.dt(h.kept)
-        k = (h.sig, node.dtype, agg, where)
-        geo = self.geometries.get(k)
-        if geo is None:
-            bounds = [np.array(b, dtype=np.int64) for b in h.part.bounds]
-            geo = self.geometries[k] = geometry(bounds, h.part.counts, h.loc, h.task.shape[1],
-                                                h.kept == node.dtype, lo, hi, w, pre)
+        geo = self.geometry(u, lo, hi, w, pre, where)
         if geo.exact is not None:
             return h.task[geo.exact, 0]
+        agg = node.op.agg if isinstance(node, EinsumNode) else None
+        kept = self.dt(h.kept)
         ids, shared = geo.ids, self.shared[u]
         tasks = h.task.ravel()
         t = tasks[geo.take]
@@ -207,6 +216,18 @@ class _Lower(Assembler):
             out = self.cast(u, node.dtype, h.kept, out, hi - lo, w, pre * INNER + INNER - 1, shared,
                             memo=ids.setdefault("cast", {}))
         return out
+
+    def geometry(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray,
+                 where: bytes) -> Geometry:
+        """The geometry of a ``_fetch`` (geometry.py), cached by its producer's ``sig`` and ``where``."""
+        h, node = self.outs[u], self.g.nodes[u]
+        k = (h.sig, node.dtype, node.op.agg if isinstance(node, EinsumNode) else None, where)  # ids hold agg
+        geo = self.geometries.get(k)
+        if geo is None:
+            bounds = [np.array(b, dtype=np.int64) for b in h.part.bounds]
+            geo = self.geometries[k] = geometry(bounds, h.part.counts, h.loc, h.task.shape[1],
+                                                h.kept == node.dtype, lo, hi, w, pre)
+        return geo
 
     # ------------------------------------------------------------ rules per node kind
 
