@@ -83,6 +83,12 @@ class Operands:
     order: np.ndarray  # [blocks] the applies' places in lowering.py's order
     ids: dict = field(default_factory=dict)  # table ids, filled on first use
 
+    @staticmethod
+    def in_place(q: np.ndarray) -> Geometry:
+        """Every box is producer block q, already at its machine: that block's task, nothing made."""
+        none = np.zeros(0, dtype=np.int64)
+        return Geometry(q, none, [], none, none, none, none, none, none, none, none, none, [])
+
 
 @dataclass
 class Sum:
@@ -99,11 +105,9 @@ class Sum:
 class Geometry:
     """A ``_fetch`` of m boxes, apart from its task ids (see the module docstring)."""
 
-    exact: np.ndarray | None  # [m] the producer block each box is, already at its machine; else None
+    exact: np.ndarray | None  # [m] the producer block each box is, already at its machine (``in_place``)
     take: np.ndarray  # [n] pieces: index into the producer's task.ravel() (-1: a Sum makes it)
     sums: list[Sum]
-    at: np.ndarray  # [n] the machine of each piece
-    row: np.ndarray  # [n] the box each piece belongs to
     away: np.ndarray  # pieces that move to the reader's machine
     move_keys: np.ndarray  # [len(away), 2 * rank + 2]: their keys but the task (slo, shi, from, to)
     move_order: np.ndarray
@@ -116,13 +120,18 @@ class Geometry:
     groups: list[tuple]  # (boxes, their pieces [N, c], slo, shi, dst: [N, c, rank]), per piece count c
     ids: dict = field(default_factory=dict)  # table ids, filled on first use
 
+    @staticmethod
+    def in_place(q: np.ndarray) -> Geometry:
+        """Every box is producer block q, already at its machine: that block's task, nothing made."""
+        none = np.zeros(0, dtype=np.int64)
+        return Geometry(q, none, [], none, none, none, none, none, none, none, none, none, [])
 
-def geometry(part_bounds: list[np.ndarray], counts: tuple[int, ...], task_loc: np.ndarray, partial_sums: int,
+
+def geometry(bounds: list[np.ndarray], counts: tuple[int, ...], task_loc: np.ndarray, partial_sums: int,
              formed: bool, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray) -> Geometry:
     """The geometry of fetching boxes [lo, hi) at machines w from a value cut by
-    ``part_bounds`` whose block q's partial sums live at ``task_loc[q]`` (``partial_sums``
+    ``bounds`` whose block q's partial sums live at ``task_loc[q]`` (``partial_sums``
     of them); ``formed``: the value is its blocks as they are (not wide, not summed)."""
-    bounds = part_bounds
     m, rank = lo.shape
     firsts, lasts = [], []
     for a in range(rank):
@@ -138,7 +147,7 @@ def geometry(part_bounds: list[np.ndarray], counts: tuple[int, ...], task_loc: n
             exact &= lo[:, a] < hi[:, a]  # an empty box reads nothing (a constant), as lowering.py
             q = q * c + f
         if exact.all() and (task_loc[q, 0] == w).all():
-            return Geometry(q, *([None] * 14))
+            return Geometry.in_place(q)
     # the producer blocks each box meets, per dimension, expanded row-major
     row = np.arange(m)
     qa: list[np.ndarray] = []
@@ -194,8 +203,8 @@ def geometry(part_bounds: list[np.ndarray], counts: tuple[int, ...], task_loc: n
         j = first[f][:, None] + np.arange(c)
         parts.append((f, j, slo[j], shi[j], dst[j]))
     one = np.flatnonzero(one)
-    return Geometry(None, take, sums, at, row, away, move_keys, move_order, move_shi - move_slo, move_slo,
-                    move_shi, one, first[one], np.flatnonzero(pieces == 0), parts)
+    return Geometry(None, take, sums, away, move_keys, move_order, move_shi - move_slo, move_slo, move_shi,
+                    one, first[one], np.flatnonzero(pieces == 0), parts)
 
 
 def _combine(task_loc, q, row, p, slo, shi, dst, whole, w, pre, groups):
