@@ -168,47 +168,49 @@ class Builder:
         if len(uniq) < n:
             np.minimum.at(low, inv, order)
         base = self.n + self.count
-        if not shared:
-            ids = np.arange(base, base + len(uniq), dtype=np.int64)
-            new: list[int] | np.ndarray = np.arange(len(uniq))
-        else:
-            blob, width = uniq.tobytes(), uniq.dtype.itemsize
-            d = self.index[kind]
-            ids = np.empty(len(uniq), dtype=np.int64)
-            new = []
-            made = self.owned_keys(kind)
-            at = len(made)
-            for j in range(len(uniq)):
-                key = blob[j * width:(j + 1) * width]
-                t = d.get(key)
-                if t is None:
-                    t = d[key] = base + len(new)
-                    self.fresh.append((d, key))
-                    made.append(key)
-                    new.append(j)
-                ids[j] = t
-            if ids_at and new:
-                rows = keys[first[new]]
-                temp = np.flatnonzero((rows[:, list(ids_at)] >= self.n).any(axis=1))
-                if len(temp):
-                    self.stale.append((d, rows[temp], ids_at, made, (at + temp).tolist()))
-            pending = ids >= self.n
-            if pending.any():
-                self.lowered.append((ids[pending], low[pending]))
-        if len(new):
-            pick = first[new]
-            m = len(new)
-            rows = np.empty((m, len(COLUMNS)), dtype=np.int64)
-            for j, x in enumerate((kind, loc, loc if src is None else src, node, dtype, shape, aux)):
-                rows[:, j] = x[pick] if isinstance(x, np.ndarray) else x
-            self.rows.append(rows)
-            self.order.append(low[new])
-            k = 0 if inputs is None else inputs.shape[1]
-            self.lengths.append(np.full(m, k, dtype=np.int64))
-            if k:
-                self.flat.append(inputs[pick].ravel().astype(np.int64))
-            self.count += m
+        if not shared:  # every distinct row is a new task
+            self.add(len(uniq), first, low, kind, loc, src, node, dtype, shape, aux, inputs)
+            return base + inv
+        blob, width = uniq.tobytes(), uniq.dtype.itemsize
+        d = self.index[kind]
+        ids = np.empty(len(uniq), dtype=np.int64)
+        new = []
+        made = self.owned_keys(kind)
+        at = len(made)
+        for j in range(len(uniq)):
+            key = blob[j * width:(j + 1) * width]
+            t = d.get(key)
+            if t is None:
+                t = d[key] = base + len(new)
+                self.fresh.append((d, key))
+                made.append(key)
+                new.append(j)
+            ids[j] = t
+        if ids_at and new:
+            rows = keys[first[new]]
+            temp = np.flatnonzero((rows[:, list(ids_at)] >= self.n).any(axis=1))
+            if len(temp):
+                self.stale.append((d, rows[temp], ids_at, made, (at + temp).tolist()))
+        pending = ids >= self.n
+        if pending.any():
+            self.lowered.append((ids[pending], low[pending]))
+        if new:
+            self.add(len(new), first[new], low[new], kind, loc, src, node, dtype, shape, aux, inputs)
         return ids[inv]
+
+    def add(self, m: int, pick: np.ndarray, low: np.ndarray, kind, loc, src, node, dtype, shape, aux,
+            inputs) -> None:
+        """The m new tasks of an ``emit``: rows ``pick`` of its column arguments, made at ``low``."""
+        rows = np.empty((m, len(COLUMNS)), dtype=np.int64)
+        for j, x in enumerate((kind, loc, loc if src is None else src, node, dtype, shape, aux)):
+            rows[:, j] = x[pick] if isinstance(x, np.ndarray) else x
+        self.rows.append(rows)
+        self.order.append(low)
+        k = 0 if inputs is None else inputs.shape[1]
+        self.lengths.append(np.full(m, k, dtype=np.int64))
+        if k:
+            self.flat.append(inputs[pick].ravel().astype(np.int64))
+        self.count += m
 
     def emit_one(self, kind: int, key: Hashable, order: int, *, loc: int, dtype: int, shape: int, aux: int,
                  inputs: tuple[int, ...], node: int = -1) -> int:
