@@ -34,13 +34,16 @@ def void_rows(keys: np.ndarray) -> np.ndarray:
 
 
 class Remap:
-    """Temporary ids (from ``base`` on) to final ids; ids below ``base`` stay."""
+    """Temporary ids (from ``base`` on) to final ids; ids below ``base`` stay; ``final``
+    None: the temporary ids are the final ones."""
 
-    def __init__(self, base: int, final: np.ndarray) -> None:
+    def __init__(self, base: int, final: np.ndarray | None) -> None:
         self.base, self.final = base, final
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
+        if self.final is None:
+            return ids
         new = ids >= self.base
         if not new.any():
             return ids
@@ -265,6 +268,16 @@ class Builder:
         order = np.concatenate(self.order)
         for ids, low in self.lowered:
             np.minimum.at(order, ids - base, low)
+        if (order[1:] >= order[:-1]).all():  # made in order (most nodes): the temporary ids are final
+            rows = np.concatenate(self.rows)
+            for j, c in enumerate(COLUMNS):
+                self.done[c].extend(rows[:, j])
+            self.done_lengths.extend(np.concatenate(self.lengths))
+            if self.flat:
+                self.done_indices.extend(np.concatenate(self.flat))
+            self.n += m
+            self._reset()
+            return Remap(base, None)
         perm = np.argsort(order, kind="stable")
         final = np.empty(m, dtype=np.int64)
         final[perm] = np.arange(base, base + m)
