@@ -1,8 +1,8 @@
-"""lower_blocks caches what a fetch and an einsum do apart from task ids (lower/geometry.py)
-and replays it for the next node of the same geometry. Checked two ways: against
-lowering.py (the oracle) on graphs whose layers repeat, so that the caches are hit;
-and against the same lowering with the caches forgetting everything, array for array
-and table for table."""
+"""lower_blocks caches what a fetch, an einsum and a select do apart from task ids
+(lower/geometry.py, lower/selects.py) and replays it for the next node of the same
+geometry. Checked two ways: against lowering.py (the oracle) on graphs whose layers
+repeat, so that the caches are hit; and against the same lowering with caches that
+forget everything, array for array and table for table."""
 
 from dataclasses import replace
 
@@ -46,7 +46,7 @@ def lowered(plan, monkeypatch, cached: bool):
 
     def forgetting(self, plan):
         real_init(self, plan)
-        self.requests, self.geometries, self.einsums = Forgetful(), Forgetful(), Forgetful()
+        self.requests, self.geometries, self.einsums, self.selects = (Forgetful() for _ in range(4))
 
     with monkeypatch.context() as m:
         m.setattr(blockwise, "geometry", counted)

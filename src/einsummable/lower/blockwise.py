@@ -46,9 +46,9 @@ from einsummable.ir.graph import (
     Select,
 )
 from einsummable.lower.arrays import Builder
-from einsummable.lower.assemble import Assembler
 from einsummable.lower.compact import APPLY, INPUT, MOVE, VIEW, CompactGraph, prune
 from einsummable.lower.geometry import INNER, Geometry, Operands, Requests, geometry, grid, key
+from einsummable.lower.selects import SelectGeometry, Selects
 from einsummable.lower.taskgraph import Output
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
@@ -65,7 +65,7 @@ class Held:
     sig: int = -1  # the same for Helds of the same partition, machines and dtype (the geometry's cache)
 
 
-class _Lower(Assembler):
+class _Lower(Selects):
     def __init__(self, plan: Plan) -> None:
         self.g, self.plan = plan.graph, plan
         super().__init__(Builder(plan.cluster.workers, plan.cluster.cores))
@@ -74,6 +74,7 @@ class _Lower(Assembler):
         self.requests: dict[bytes, Requests] = {}
         self.geometries: dict[tuple, Geometry] = {}
         self.einsums: dict[tuple, Operands] = {}
+        self.selects: dict[tuple, SelectGeometry] = {}
         self.sigs: dict[tuple, int] = {}
         self.shared, self.release_at = self.readers()
 
@@ -248,22 +249,6 @@ class _Lower(Assembler):
                 olo[:, a], ohi[:, a] = lo[:, d], hi[:, d]
         return olo, ohi
 
-    def fetch_all(self, requests: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> list:
-        """Run requests (u, lo, hi, w, pre) batched per producer, in ``pre`` order; ids per request."""
-        by_u: dict[int, list[int]] = {}
-        for i, (u, *_rest) in enumerate(requests):
-            by_u.setdefault(u, []).append(i)
-        out: list = [None] * len(requests)
-        for u, idx in by_u.items():
-            parts = [requests[i] for i in idx]
-            lo, hi, w, pre = (np.concatenate([r[j] for r in parts]) for j in range(1, 5))
-            ids = self.fetch(u, lo, hi, w, pre)
-            at = 0
-            for i, r in zip(idx, parts, strict=True):
-                out[i] = ids[at:at + len(r[3])]
-                at += len(r[3])
-        return out
-
     def einsum(self, nid: int, w: np.ndarray) -> Held:
         node: EinsumNode = self.g.nodes[nid]
         us, sp = node.inputs, self.plan.spaces[nid]
@@ -339,7 +324,7 @@ class _Lower(Assembler):
                 return self.outs[u]
             return self.single(nid, w, lambda lo, hi: self.fetch(u, lo, hi, w, np.arange(nb)))
         if isinstance(node, Select):
-            return self.single(nid, w, lambda lo, hi: self.select(node, lo, hi, w))
+            return self.single(nid, w, lambda lo, hi: self.select(node, self.plan.parts[nid], lo, hi, w))
         if isinstance(node, Reshape | ComplexView):
             def view(lo, hi):
                 src = self.fetch(node.inputs[0], *self.reads(nid, 0, lo, hi), w, np.arange(nb) * 2)
@@ -352,57 +337,6 @@ class _Lower(Assembler):
                 return ids
             return self.single(nid, w, view)
         raise TypeError(f"no lowering rule for {type(node).__name__}")
-
-    def select(self, node: Select, lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """Each block reads the pieces that meet it (``Select.reads``, over all blocks at
-        once), then assembles them with the padding (a partial) unless one piece is all of it."""
-        nb, npieces = len(lo), len(node.pieces)
-        hit = np.zeros((nb, npieces), dtype=bool)
-        ilo = np.zeros((npieces, *lo.shape), dtype=np.int64)
-        ihi = np.zeros_like(ilo)
-        for n, p in enumerate(node.pieces):
-            box = np.array(p.dst_box, dtype=np.int64).reshape(-1, 2)
-            ilo[n], ihi[n] = np.maximum(lo, box[:, 0]), np.minimum(hi, box[:, 1])
-            hit[:, n] = (ilo[n] < ihi[n]).all(axis=1)
-        count = hit.sum(axis=1)
-        nr = int(count.max(initial=0)) + 1
-        slot = np.cumsum(hit, axis=1) - 1  # the read's place among its block's reads
-        got = np.zeros((nb, npieces), dtype=np.int64)
-        reqs, where = [], []
-        for n, p in enumerate(node.pieces):
-            b = np.flatnonzero(hit[:, n])
-            if len(b):
-                shift = np.array([s - d for d, (s, _) in zip(p.dst, p.src, strict=True)], dtype=np.int64)
-                u = node.inputs[p.input]
-                reqs.append((u, ilo[n][b] + shift, ihi[n][b] + shift, w[b], b * nr + slot[b, n]))
-                where.append((b, n))
-        for (b, n), ids in zip(where, self.fetch_all(reqs), strict=True):
-            got[b, n] = ids
-        shape = hi - lo
-        out = np.full(nb, -1, dtype=np.int64)
-        one = np.zeros(nb, dtype=bool)
-        if npieces:
-            first, rows = np.argmax(hit, axis=1), np.arange(nb)
-            one = (count == 1) & (ilo[first, rows] == lo).all(axis=1) & (ihi[first, rows] == hi).all(axis=1)
-            out[one] = got[one, first[one]]
-        dt = self.dt(node.dtype)
-        shapes = self.b.shape_ids(shape)
-        for c in np.unique(count[~one]).tolist():
-            f = np.flatnonzero((count == c) & ~one)
-            if c == 0:  # all padding
-                for b in f.tolist():
-                    out[b] = self.partial([], [], [], [], int(shapes[b]), dt, None, int(w[b]), node.pad,
-                                          (b * nr + nr - 1) * INNER)
-                continue
-            n = np.nonzero(hit[f])[1].reshape(len(f), c)  # the pieces each block reads, in order
-            fb = f[:, None]
-            ts = got[fb, n]
-            slo = np.zeros((len(f), c, lo.shape[1]), dtype=np.int64)
-            shi = ihi[n, fb] - ilo[n, fb]
-            dst = ilo[n, fb] - lo[fb]
-            out[f] = self.partials(ts, slo, shi, dst, shapes[f], dt, None, w[f], node.pad,
-                                   (f * nr + nr - 1) * INNER, any(self.shared[u] for u in node.inputs))
-        return out
 
 
 def lower_blocks(plan: Plan) -> CompactGraph:
