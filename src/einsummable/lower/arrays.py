@@ -7,7 +7,10 @@ task itself: a row equal to a task already made is that task. A task new in this
 node gets a temporary id; its ``order`` (where lowering.py would make it: block,
 operand, piece, step) decides its final place when the node is done, so the
 arrays come out in exactly lowering.py's order, and every id handed out during the
-node is renumbered then (``finish``).
+node is renumbered then (``finish``), in the index's keys too. An index entry made
+while ``owner`` is set goes with that owner (``release``): the lowering lets a
+value's moves, sums and views go once no node to come reads its tasks. Finished
+columns are kept in chunks (``Chunks``) and joined once (``graph``).
 
     b = Builder(workers, cores)
     ids = b.emit(MOVE, keys, order, loc=..., src=..., dtype=..., shape=..., aux=..., inputs=...)
