@@ -364,7 +364,7 @@ def lower_blocks(plan: Plan) -> CompactGraph:
     outputs = {}
     for name, nid in g.outputs.items():
         node, held = g.nodes[nid], lw.outs[nid]
-        blocks = tuple((int(held.task[q, 0]), box) for q, box in enumerate(held.part.boxes()))
+        blocks = tuple(zip(held.task[:, 0].tolist(), held.part.boxes(), strict=True))
         outputs[name] = Output(node.shape, node.dtype, blocks)
     builder = lw.b
     del lw  # its caches and the nodes' blocks, before the arrays are joined: the peak of lowering
