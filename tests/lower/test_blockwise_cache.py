@@ -4,6 +4,7 @@ geometry. Checked two ways: against lowering.py (the oracle) on graphs whose lay
 repeat, so that the caches are hit; and against the same lowering with caches that
 forget everything, array for array and table for table."""
 
+import gc
 from dataclasses import replace
 
 import numpy as np
@@ -92,3 +93,21 @@ def test_repeated_half_precision_partial_sums_lower_as_without_the_caches(monkey
     parts = [Partition.uniform(s, (1, 1, 4) if len(s) == 3 else (2,) + (1,) * (len(s) - 1))
              for s in (sp.shape for sp in spaces(g.ir))]
     check(build(g.ir, Cluster(machines=2, cores=1), parts), monkeypatch)
+
+
+def test_lowering_leaves_the_garbage_collector_as_it_found_it():
+    """lower_blocks turns the collector off while it runs (its keys and tuples have no
+    cycles), and back to what it was."""
+    g = es.Graph()
+    g.output("y", g.input("x", (4, 4)) * 2.0)
+    parts = [Partition.uniform(sp.shape, (2, 1)) for sp in spaces(g.ir)]
+    plan = build(g.ir, Cluster(machines=2, cores=1), parts)
+    assert gc.isenabled()
+    lower_blocks(plan)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        lower_blocks(plan)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
