@@ -15,20 +15,21 @@ the process's peak RSS so far.
 
 Measured here (2 cores shared by ~8 engineers; AdamW, 21,164 nodes), ``--machines 1 4 16
 32 --cores 64 --objects-up-to 0``, before (c08a687, load 0.7-1.9) and after caching the
-geometry of fetches and einsums, releasing a value's index entries once nothing reads
-its tasks, and keeping the columns in chunks (load 3.1-3.4); cells are before → after,
-RSS is the process's peak so far (planning included):
+geometry of fetches, einsums and selects, releasing a value's index entries once nothing
+reads its tasks, keeping the columns in chunks and the garbage collector off while
+lowering (load 4.2-4.8); cells are before → after, RSS is the process's peak so far
+(planning included):
 
 | cluster | tasks | CPU µs/task | B/task kept | B/task peak | RSS GB |
 |---|---|---|---|---|---|
-| 1 × 64 | 15,053 | 321 → 130 | 37 | 2,455 → 1,195 | 0.33 → 0.33 |
-| 4 × 64 | 66,728 | 84 → 36 | 37 | 755 → 383 | 0.34 → 0.34 |
-| 16 × 64 | 481,637 | 18.5 → 7.9 | 37 | 317 → 130 | 0.45 → 0.36 |
-| 32 × 64 | 1,211,037 | 8.4 → 4.0 | 37 | 259 → 102 | 0.75 → 0.43 |
+| 1 × 64 | 15,053 | 321 → 96 | 37 | 2,455 → 1,307 | 0.33 → 0.34 |
+| 4 × 64 | 66,728 | 84 → 24 | 37 | 755 → 403 | 0.34 → 0.34 |
+| 16 × 64 | 481,637 | 18.5 → 5.6 | 37 | 317 → 133 | 0.45 → 0.36 |
+| 32 × 64 | 1,211,037 | 8.4 → 3.0 | 37 | 259 → 104 | 0.75 → 0.43 |
 
 Llama's 32 layers (and its optimizer's update of every weight of a shape) repeat the
 same fetches, so most of a node's numpy work is done once; what is left costs about
-100 µs per node whatever its blocks, so the cost per task still falls as blocks per
+70 µs per node whatever its blocks, so the cost per task still falls as blocks per
 node grow. lowering.py's objects cost 98 and 70 µs/task at 1 and 4 machines (an
 earlier run of ``--objects-up-to 4``).
 """
