@@ -21,7 +21,7 @@ einsum's blocks and operand boxes, a select's pieces) is worked out once per
 distinct geometry and replayed (geometry.py, selects.py): Llama's layers repeat it.
 A value's index entries and fetch cache go once no node to come reads its tasks
 (``readers``). Cost at 32 machines × 64 cores (Llama-7B training,
-benchmarks/lower_scale.py): about 4 µs (CPU) per task, 37 bytes kept and about 100
+benchmarks/lower_scale.py): about 3 µs (CPU) per task, 37 bytes kept and about 100
 at the peak of lowering.
 
     cg = lower_blocks(machine_plan(plan))     # a CompactGraph
