@@ -41,6 +41,7 @@ COMPUTE = {"f32": "float", "f64": "double", "bf16": "float", "f16": "float", "bo
 INT_TYPES = ("int32_t", "int64_t")
 VECTOR_MATH = ("exp", "log", "sin", "cos", "tanh")
 IDENTITY = {"add": "0.0", "mul": "1.0", "min": "INFINITY", "max": "-INFINITY"}
+LANES = {"float": 32, "double": 16, "int": 32}  # a reduction's accumulators: two 512-bit vectors
 
 PRELUDE = """#include <stdint.h>
 #include <string.h>
@@ -88,11 +89,7 @@ EXP_SAFE(exp_d, double, exp, -0x1.75p+9, 0x1.63p+9, 0x1.6232bp+9,
 #define EXP_FAR_d(a) (!(fabs(a) < 0x1.6232bp+9))
 #define NMAX(a, b) (((a) != (a)) ? (a) : ((a) > (b) ? (a) : (b)))
 #define NMIN(a, b) (((a) != (a)) ? (a) : ((a) < (b) ? (a) : (b)))
-""" + "".join(
-    f"#pragma omp declare reduction(n{m}_{t[0]}: {t}: omp_out = N{m.upper()}(omp_out, omp_in)) "
-    f"initializer(omp_priv = {sign}INFINITY)\n"
-    for m, sign in (("max", "-"), ("min", "")) for t in ("float", "double")
-)
+"""
 
 
 @dataclass(frozen=True)
@@ -358,30 +355,45 @@ def _loops(op: Einsummable, order: tuple[int, ...], em: _Emitter, value: str, ac
 def _inner(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:
     n = f"n[{inner}]"
     reducing = op.agg is not None and inner >= op.out_rank
-    lines = []
-    if reducing:
-        udr = {"add": "+", "mul": "*", "max": f"nmax_{acc_t[0]}", "min": f"nmin_{acc_t[0]}"}[op.agg]
-        lines.append(f"{pad}{acc_t} acc = ({acc_t}){IDENTITY[op.agg]};")
-        lines.append(f"{pad}#pragma omp simd reduction({udr}:acc)")
-    else:
-        lines.append(f"{pad}#pragma omp simd")
-    hoisted = _body(op, em, value, inner, offsets, unit, acc_t, pad, invariant=True)
-    lines = hoisted + lines
-    lines.append(f"{pad}for (int64_t j = 0; j < {n}; j++) {{")
+    lines = _body(op, em, value, inner, offsets, unit, acc_t, pad, invariant=True)
     body = _body(op, em, value, inner, offsets, unit, acc_t, pad + "  ", invariant=False)
-    lines += [*body, pad + "}"]
+    if reducing:
+        identity = f"({acc_t}){IDENTITY[op.agg]}"
+        lines.append(f"{pad}{acc_t} acc[{LANES[acc_t]}];")
+        loop = _lanes(pad, n, acc_t, "acc", identity, lambda a, b: _combine(op.agg, a, b), body)
+    else:
+        loop = [f"{pad}#pragma omp simd", f"{pad}for (int64_t j = 0; j < {n}; j++) {{", *body, pad + "}"]
     if em.exp_args:  # plain exp where every argument of this row is in its fast range
-        check = [f"{pad}int far = 0;", f"{pad}#pragma omp simd reduction(|:far)",
-                 f"{pad}for (int64_t j = 0; j < {n}; j++) {{", *body[:-1],  # no store
-                 *(f"{pad}  far |= {test};" for test in em.exp_args), pad + "}"]
-        loop = lines[len(hoisted) + reducing:]
+        tests = [f"{pad}  far[l] |= {test};" for test in em.exp_args]
+        check = _lanes(pad, n, "int", "far", "0", lambda a, b: f"{a} | {b}", body[:-1] + tests)  # no store
         plain = [line.replace("exp_f(", "expf(").replace("exp_d(", "exp(") for line in loop]
-        lines[len(hoisted) + reducing:] = [*check, f"{pad}if (far) {{", *loop, f"{pad}}} else {{", *plain,
-                                           pad + "}"]
+        lines += [f"{pad}int far[{LANES['int']}];", *check,
+                  f"{pad}if (far[0]) {{", *loop, f"{pad}}} else {{", *plain, pad + "}"]
+    else:
+        lines += loop
     if reducing:
         target = f"y[{offsets['y']}]"
-        lines.append(f"{pad}{target} = {_combine(op.agg, target, 'acc')};")
+        lines.append(f"{pad}{target} = {_combine(op.agg, target, 'acc[0]')};")
     return lines
+
+
+def _lanes(pad, n, acc_t, acc, identity, combine, body) -> list[str]:
+    """A reduction along the inner loop into ``acc``, an array of two vectors' worth of lanes,
+    then a tree over the lanes into ``acc[0]``. gcc's ``omp simd reduction`` left such loops
+    scalar (a serial chain of adds); the lanes reassociate an add or mul as any vector
+    reduction does. ``body`` reads element ``j`` and folds it into ``acc[l]``."""
+    w = LANES[acc_t]
+    head = f"{pad}  const int64_t j = j0 + l;"
+    return [
+        f"{pad}for (int64_t l = 0; l < {w}; l++) {acc}[l] = {identity};",
+        f"{pad}for (int64_t j0 = 0; j0 < {n} / {w} * {w}; j0 += {w}) {{",
+        f"{pad}#pragma omp simd",
+        f"{pad}for (int64_t l = 0; l < {w}; l++) {{", head, *body, pad + "}",
+        pad + "}",
+        f"{pad}for (int64_t j0 = {n} / {w} * {w}, l = 0; l < {n} - j0; l++) {{", head, *body, pad + "}",
+        f"{pad}for (int64_t w = {w // 2}; w > 0; w /= 2)",
+        f"{pad}  for (int64_t l = 0; l < w; l++) {acc}[l] = {combine(f'{acc}[l]', f'{acc}[l + w]')};",
+    ]
 
 
 def _body(op, em, value, inner, offsets, unit, acc_t, pad, invariant=None) -> list[str]:
@@ -422,7 +434,7 @@ def _body(op, em, value, inner, offsets, unit, acc_t, pad, invariant=None) -> li
     else:
         v = f"({acc_t})({COMPUTE[op.dtype]})({value})"
         if inner is not None and inner >= op.out_rank:
-            lines.append(f"{pad}acc = {_combine(op.agg, 'acc', v)};")
+            lines.append(f"{pad}acc[l] = {_combine(op.agg, 'acc[l]', v)};")
         else:
             lines.append(f"{pad}y[{at}] = {_combine(op.agg, f'y[{at}]', v)};")
     return lines
