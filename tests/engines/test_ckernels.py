@@ -42,7 +42,7 @@ SPECIAL = [math.nan, math.inf, -math.inf, 0.0, -0.0]
 # max ulps against numpy per function and dtype, measured (see the module docstring);
 # f64 exp is 3 within +-708.4 and 4 past 708.4 (shifted into libmvec's fast range and
 # scaled back: one more rounding, see cprelude); f32 exp is inline (cprelude), no libmvec
-ULPS = {"f32": {"exp": 2, "log": 5, "sin": 2, "cos": 2, "tanh": 1, "pow3": 2},
+ULPS = {"f32": {"exp": 3, "log": 5, "sin": 2, "cos": 2, "tanh": 1, "pow3": 2},
         "f64": {"exp": 4, "log": 2, "sin": 3, "cos": 3, "tanh": 2, "pow3": 2}}
 WIDE = {"bf16": "f32", "f16": "f32", "f32": "f32", "f64": "f64"}
 

@@ -25,29 +25,30 @@ static inline uint16_t st_bf16(float f) {
 }
 static inline float rd_bf16(float f) { return ld_bf16(st_bf16(f)); }
 static inline float rd_f16(float f) { return (float)(_Float16)f; }
-/* f32 exp, inline (no call: 2.4x libmvec's _ZGVeN16v_expf here, and no slow path): e^x =
-   2^k e^r, k = round(x / ln 2), r = x - k ln2 in two exact-ish steps (Cody-Waite), e^r by its
-   degree-7 Taylor series as 1 + (r + r^2 q(r)) (|r| <= 0.347: truncation < 2^-27), 2^k as
-   two power-of-two factors so a subnormal result is rounded once, at the last multiply.
-   Measured: within 1 ulp of the correctly rounded e^x, 2 of numpy's. At or below L (-104:
-   0 even from subnormals' view) or at or above H (89: inf) the result is selected, not
-   computed (a causal mask's -1e9 or -inf), as is NaN. */
+/* f32 exp, inline: no libmvec call, no slow path. e^x = 2^k e^r, k = round(x / ln 2),
+   r = x - k ln2 in two fused steps (Cody-Waite), e^r by its degree-7 Taylor series as
+   1 + (r + r^2 q(r)) in fused multiply-adds (|r| <= 0.347: truncation < 2^-27), 2^k as two
+   power-of-two factors so a subnormal result is rounded once, at the last multiply.
+   Measured: within 1 ulp of the correctly rounded e^x, 3 of numpy's; 256k values in
+   0.081 ms against numpy's 0.123 (libmvec: 0.119 without FMA here). Outside (L, H) =
+   (-104, 89), the result is selected, not computed (a causal mask's -1e9 or -inf would
+   cost a microcode assist per vector): 0 below, inf above, NaN for NaN. */
 static inline float exp_f(float x) {
-  float c = ((x > -0x1.ap+6f) & (x < 0x1.64p+6f)) ? x : 0.0f;
-  float kf = (c * 0x1.715476p+0f + 0x1.8p23f) - 0x1.8p23f;
-  float r = (c - kf * 0x1.62e4p-1f) - kf * 0x1.7f7d1cp-20f;
-  float q = 0x1.a01a02p-13f;
-  q = q * r + 0x1.6c16c2p-10f;
-  q = q * r + 0x1.111112p-7f;
-  q = q * r + 0x1.555556p-5f;
-  q = q * r + 0x1.555556p-3f;
-  q = q * r + 0.5f;
-  float p = 1.0f + (r + (r * r) * q);
+  int in = (x > -0x1.ap+6f) & (x < 0x1.64p+6f);
+  float c = in ? x : 0.0f;
+  float kf = fmaf(c, 0x1.715476p+0f, 0x1.8p23f) - 0x1.8p23f;
+  float r = fmaf(kf, -0x1.7f7d1cp-20f, fmaf(kf, -0x1.62e4p-1f, c));
+  float q = fmaf(0x1.a01a02p-13f, r, 0x1.6c16c2p-10f);
+  q = fmaf(q, r, 0x1.111112p-7f);
+  q = fmaf(q, r, 0x1.555556p-5f);
+  q = fmaf(q, r, 0x1.555556p-3f);
+  q = fmaf(q, r, 0.5f);
+  float p = 1.0f + fmaf(r * r, q, r);
   int32_t k = (int32_t)kf, k1 = k >> 1, k2 = k - k1;
   int32_t b1 = (k1 + 127) << 23, b2 = (k2 + 127) << 23;
   float s1, s2; memcpy(&s1, &b1, 4); memcpy(&s2, &b2, 4);
   float e = (p * s1) * s2;
-  return x != x ? x : x <= -0x1.ap+6f ? 0.0f : x >= 0x1.64p+6f ? INFINITY : e;
+  return in ? e : x <= -0x1.ap+6f ? 0.0f : x + INFINITY;
 }
 /* f64 exp off libmvec's slow path. Its vector exp falls back to scalar code, lane by lane,
    for |x| >= B (708.396: measured), and a causal mask's -1e9 or -inf costs ~15x. A loop
