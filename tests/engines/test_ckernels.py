@@ -353,3 +353,31 @@ def test_half_ops_run_compiled_as_the_numpy_path_computes_them(monkeypatch):
     got = kernels.prepare.__wrapped__(mixed)([a, b], None)
     assert _same_bits(got, reference_kernel.einsum(mixed, [a, b]), zeros_equal=False).all()
     assert routed == [("bf16", "bf16")]
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "bf16", "f16"])
+@pytest.mark.parametrize("agg", ["add", "mul", "max", "min"])
+def test_lane_reductions_at_the_lane_boundaries_with_special_values(dtype, agg):
+    """A reduction over the inner index runs in 32 (f32 accumulators) / 16 (f64) lanes,
+    then a tree over them, then a scalar tail. Rows of every length around those widths,
+    holding NaN, ±inf and ±0.0 in random lanes (a row of a NaN and a -inf, of +inf and
+    -inf, ...), against numpy: min/max bit-equal (NaN wins, a ±0 tie either zero), add/mul
+    within the reassociation bound (``_reassociated``), NaN where numpy's is NaN."""
+    rng = np.random.default_rng(7)
+    lengths = [1, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100]
+    cases = []
+    for n in lengths:
+        op = Einsummable.from_spec("ij->i", [(24, n)], join="x0 * 1", agg=agg, dtypes=[dtype])
+        x = rng.standard_normal((24, n)) * (0.9 if agg == "mul" else 1.0)
+        for row in range(1, 24):  # row 0 stays finite
+            k = int(rng.integers(1, 3))
+            x[row, rng.choice(n, size=min(k, n), replace=False)] = rng.choice(SPECIAL, size=min(k, n))
+        cases.append((op, x.astype(to_numpy(dtype))))
+    kernels_ = [native.kernel(op, None) for op, _ in cases]
+    native.flush()
+    for (op, x), kernel in zip(cases, kernels_, strict=True):
+        with np.errstate(all="ignore"):
+            got = kernel([x], None).astype(to_numpy(dtype))
+            want = _oracle(op, [x], None)
+        _check(op, [x], None, got, want)
+        assert (np.isnan(got.astype(np.float64)) == np.isnan(want.astype(np.float64))).all(), op.spec
