@@ -95,7 +95,8 @@ class _Compiled:
             a = np.asarray(a, dtype=dtype)
         if a.shape != self.shapes[k]:
             raise ShapeError(f"operand {k} of {self.op.spec} has shape {a.shape}; expected {self.shapes[k]}")
-        if any(s % dtype.itemsize for s in a.strides):
+        # a contiguous array's strides are whole elements (a size-1 dim's may be anything: times 0)
+        if not a.flags.c_contiguous and any(s % dtype.itemsize for s in a.strides):
             a = np.ascontiguousarray(a)
         return a
 
