@@ -77,20 +77,22 @@ class _Compiled:
                 self.failed = True
                 return self.fallback(arrays, variables)
         arrays = [self._operand(k, a) for k, a in enumerate(arrays)]
-        key = tuple(a.strides for a in arrays)
+        key = tuple([a.strides for a in arrays])
         strides = self.strides.get(key)
         if strides is None:
             strides = self.strides[key] = self._strides(arrays)
         names = self.src.variables
-        values = (ctypes.c_double * len(names))(*(_variable(n, variables) for n in names)) if names \
+        values = (ctypes.c_double * len(names))(*[_variable(n, variables) for n in names]) if names \
             else self.no_variables
         out, at = _empty(self.out_shape, self.acc_dtype)
-        pointers = self.pointers(*(a.__array_interface__["data"][0] for a in arrays))
+        pointers = self.pointers(*[a.__array_interface__["data"][0] for a in arrays])
         fn(pointers, self.sizes, strides, values, ctypes.c_void_p(at))
         return out
 
     def _operand(self, k: int, a: np.ndarray) -> np.ndarray:
         dtype = self.dtypes[k]
+        if type(a) is np.ndarray and a.dtype == dtype and a.shape == self.shapes[k] and a.flags.c_contiguous:
+            return a  # the usual case, checked first: this runs on every call
         if type(a) is not np.ndarray or a.dtype != dtype:  # a whole reduction may hand over a scalar
             a = np.asarray(a, dtype=dtype)
         if a.shape != self.shapes[k]:
