@@ -359,13 +359,13 @@ def test_half_ops_run_compiled_as_the_numpy_path_computes_them(monkeypatch):
 @pytest.mark.parametrize("dtype", ["f32", "f64", "bf16", "f16"])
 @pytest.mark.parametrize("agg", ["add", "mul", "max", "min"])
 def test_lane_reductions_at_the_lane_boundaries_with_special_values(dtype, agg):
-    """A reduction over the inner index runs in 16 (f32 accumulators) / 8 (f64) lanes,
+    """A reduction over the inner index runs in 32 (f32 accumulators) / 16 (f64) lanes,
     a scalar tail into the same lanes, then a tree over them. Rows of every length around those widths,
     holding NaN, ±inf and ±0.0 in random lanes (a row of a NaN and a -inf, of +inf and
     -inf, ...), against numpy: min/max bit-equal (NaN wins, a ±0 tie either zero), add/mul
     within the reassociation bound (``_reassociated``), NaN where numpy's is NaN."""
     rng = np.random.default_rng(7)
-    lengths = [1, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100]
+    lengths = [1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100]
     cases = []
     for n in lengths:
         op = Einsummable.from_spec("ij->i", [(24, n)], join="x0 * 1", agg=agg, dtypes=[dtype])
