@@ -7,8 +7,9 @@ engines run them (``kernels.prepare``); the numpy path is the same ops prepared 
     PYTHONPATH=src python benchmarks/join_kernels.py [--rows 1024] [--repeats 7] [--only causal]
 
 The causal rows are softmax's ``exp(x - m)`` on a block whose upper triangle is masked
-with -1e9 or -inf (every attention's diagonal blocks): libmvec's vector exp leaves its
-fast path for arguments below about -87, so these rows time that case (issue 18).
+with -1e9 or -inf (every attention's diagonal blocks): libmvec's vector exp left its
+fast path for arguments below about -87; f32 exp is now inline C (engines/cprelude), and
+these rows time that case (issue 18).
 
 (Not benchmarks/kernels.py: run from benchmarks/, that name shadows the ``kernels``
 package that transformers imports, and the Llama benchmarks fail.)

@@ -118,3 +118,27 @@ def test_a_constant_factor_keeps_double_precision():
 def test_an_empty_sum_with_an_infinite_outer_factor_is_zero():
     a, s = np.ones((3, 0), np.float32), np.zeros(3, np.float32)
     np.testing.assert_array_equal(_run("it,i->i", [a, s], join="x0 / x1", agg="add"), np.zeros(3))
+
+
+def test_row_reductions_and_row_wise_dots_take_the_compiled_kernel(monkeypatch):
+    """Softmax's row max and sum, and its backward's sum(y * dy), run as C kernels (issue 18):
+    a ufunc's reduce per row and a batched GEMM of 1 x n by n x 1 matrices both measured
+    slower (1024 rows of 256: 0.083 ms against 0.035 for the max, 0.026 against 0.022 for
+    the dot). Same numbers as numpy's."""
+    from einsummable.engines import cbuild, native
+    if not cbuild.enabled() or cbuild.compiler() is None:
+        pytest.skip("compiled kernels off")
+    routed = []
+    real = native.kernel
+    monkeypatch.setattr(native, "kernel", lambda op, body: routed.append(op.agg) or real(op, body))
+    rng = np.random.default_rng(4)
+    y, dy = (rng.standard_normal((8, 70)).astype(np.float32) for _ in range(2))
+    ops = [Einsummable.from_spec("ij->i", [y.shape], agg="max"),
+           Einsummable.from_spec("ij->i", [y.shape], agg="add"),
+           Einsummable.from_spec("ij,ij->i", [y.shape] * 2, join="x0 * x1", agg="add")]
+    feeds = [[y], [y], [y, dy]]
+    got = [kernels.prepare.__wrapped__(op)(arrays, {}) for op, arrays in zip(ops, feeds, strict=True)]
+    assert routed == ["max", "add", "add"]
+    np.testing.assert_array_equal(got[0], y.max(1))
+    np.testing.assert_allclose(got[1], y.sum(1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[2], (y * dy).sum(1), rtol=1e-5, atol=1e-5)

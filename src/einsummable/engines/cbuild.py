@@ -26,7 +26,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from einsummable.engines import ccodegen
+from einsummable.engines import ccodegen, cprelude
 from einsummable.engines.ccodegen import Source
 from einsummable.ir.einsummable import Einsummable
 
@@ -97,7 +97,7 @@ def build(sources: list[Source]) -> None:
 
 def _library(cc: str, batch: list[Source]) -> Path:
     """The cached library for ``batch``, compiled first if absent."""
-    text = ccodegen.PRELUDE + "\n".join(s.text for s in batch)
+    text = cprelude.PRELUDE + "\n".join(s.text for s in batch)
     key = hashlib.sha256("\0".join([text, *FLAGS, *LIBS, _identity(cc)]).encode()).hexdigest()[:32]
     where = cache_dir()
     path = where / f"k{key}.so"
