@@ -245,7 +245,10 @@ def test_resident_state_on_a_dead_worker_is_reported_lost_never_zeroed(two_nodes
 
 def test_llama_training_step_on_two_nodes_matches_the_local_engine(two_nodes):
     """The demo Llama's training step (batch 16 x seq 64, AdamW state resident) on one actor per
-    node gives the local engine's losses and state, run on the same TaskGraph."""
+    node gives the local engine's losses and state. The actors lower their own shares of the
+    machine-level graph, which add partial sums in another order than the core-level graph the
+    local engine runs: the state agrees to float32 rounding (each is as far from the reference
+    engine: tests/lower/test_refine.py)."""
     from einsummable.compile import Program
     from einsummable.engines import local
     from einsummable.models.llama import model as llama
@@ -268,4 +271,4 @@ def test_llama_training_step_on_two_nodes_matches_the_local_engine(two_nodes):
     assert losses[0][2] < losses[0][0]  # the state carried between steps: the same batch's loss falls
     want, got = sessions[0].state(), sessions[1].state()
     for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
