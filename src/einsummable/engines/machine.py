@@ -27,6 +27,7 @@ from einsummable.engines import local, native, scheduler
 from einsummable.engines.blocks import assemble
 from einsummable.errors import EngineError
 from einsummable.ir import priority
+from einsummable.ir.box import slices
 from einsummable.lower.refine import Refined, Share, refine
 from einsummable.lower.taskgraph import Output
 
@@ -49,8 +50,9 @@ class MachinePart:
                 self.location[i], self.rank[i] = self.cores, -float(t)
                 self.steps.append(lambda args, ctx, key=("move", t): ctx.receive(key))
             elif i in refined.send:
-                t, dest = refined.send[i]
-                self.steps.append(lambda args, ctx, key=("move", t), dest=dest: ctx.send(dest, key, args[0]))
+                (t, dest), box = refined.send[i], slices(task.box)
+                self.steps.append(lambda args, ctx, key=("move", t), dest=dest, box=box:
+                                  ctx.send(dest, key, args[0][box]))
             else:
                 step = local.PREPARE[type(task)](task)
                 self.steps.append(lambda args, ctx, step=step: step(args, ctx.feeds, ctx.variables))

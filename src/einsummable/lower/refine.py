@@ -15,14 +15,15 @@ the core-level graph of the whole cluster:
   one, takes it (or a view of it); only a box spanning several is assembled (a
   partial), once per box and core;
 - inputs, constants, partials and views stay one task each (on the cores in turn);
-  a receive is an input task named ``RECEIVE``-prefixed, a send a move in place, which
-  the runner (engines/machine.py) replaces by the mailbox and the peer's delivery.
+  a receive is an input task whose name starts with ``RECEIVE``, a send a move in
+  place of the box to send; the runner (engines/machine.py) makes them the mailbox
+  and the delivery to the peer.
 
 A half-precision sum is not cut along its summed dimensions inside a machine: its
 partial sums would round before they meet (lowering keeps them in f32 instead).
 With ``cc`` all ones and one core the refinement is the share itself.
 
-    shares = split(cg, tl.cc)           # cg: lower_blocks(machine_plan(plan))
+    shares = split(cg, tl.cc, cores)    # cg: lower_blocks(machine_plan(plan))
     refined = refine(shares[m])         # on machine m: a TaskGraph over its cores
 """
 
@@ -147,6 +148,14 @@ class _Refine:
             self.cache[key] = self.add(task)
         return self.cache[key]
 
+    def source(self, t: int, box: Box, core: int) -> tuple[int, Box]:
+        """A refined task at ``core`` and the box in it that holds ``box`` of task t's block: the
+        core block holding it where one does (a slice read in place), else ``read``'s."""
+        for have, r in self.pieces[t]:
+            if intersect(have, box) == box:
+                return self.at(r, core), within(box, have)
+        return self.read(t, box, core), whole(box_shape(box))
+
     def apply(self, t: int, task: ApplyTask, counts: Counts | None) -> None:
         op, ins = task.op, task.inputs
         shape = op.join_shape
@@ -193,8 +202,8 @@ class _Refine:
                     self.pieces[t] = [(whole(task.shape), r)]
                 else:  # a send: the box, made at one core, goes to the peer
                     core = self.next_core()
-                    r = self.read(task.inputs[0], task.box, core)
-                    out = self.add(MoveTask((r,), whole(task.shape), core, core, task.dtype))
+                    r, box = self.source(task.inputs[0], task.box, core)
+                    out = self.add(MoveTask((r,), box, core, core, task.dtype))
                     self.send[out] = (t, task.loc)
                 continue
             core = self.next_core()
@@ -214,14 +223,12 @@ class _Refine:
         return Refined(graph, self.receive, self.send, held)
 
     def partial(self, task: PartialTask, core: int) -> int:
-        ins: dict[tuple[int, Box], int] = {}
+        ins: dict[int, int] = {}
         pieces = []
         for p in task.pieces:
-            key = (task.inputs[p.input], p.src)
-            if key not in ins:
-                ins[key] = len(ins)
-            pieces.append(Piece(ins[key], whole(box_shape(p.src)), p.dst))
-        args = tuple(self.read(t, box, core) for t, box in ins)
+            r, box = self.source(task.inputs[p.input], p.src, core)
+            pieces.append(Piece(ins.setdefault(r, len(ins)), box, p.dst))
+        args = tuple(ins)
         return self.add(PartialTask(args, tuple(pieces), task.shape, task.dtype, task.agg, core, task.pad))
 
 
