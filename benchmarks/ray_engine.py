@@ -246,8 +246,9 @@ def _llama_times(steps: int) -> dict[str, object]:
 
     try:  # two levels: the driver lowers the machine-level graph, each actor its own share
         from einsummable.engines.ray.layout import two_level
+        from einsummable.lower.refine import machine_shares
 
-        runner = RayProgram(two_level(plan.plan))
+        runner = RayProgram(two_level(*machine_shares(plan.plan)))
         driver, shipped = len(runner.layout.machine), list(runner.layout.shipped)
     except ImportError:  # --before a tree without it: every actor is sent the core-level graph
         runner = RayProgram(plan.taskgraph)

@@ -23,6 +23,7 @@ from einsummable.ir.dtypes import canonical
 from einsummable.ir.fuse import fuse
 from einsummable.ir.graph import EinGraph, InputNode
 from einsummable.lower.lowering import lower
+from einsummable.lower.refine import machine_shares
 from einsummable.lower.taskgraph import TaskGraph
 from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
@@ -268,7 +269,7 @@ def _ray(graph: EinGraph, tg: TaskGraph | None, address: str | None = None,
         if err.name != "ray":
             raise
         raise EinsummableError("engine='ray' needs Ray: pip install 'einsummable[ray]'") from err
-    return RayProgram(two_level(plan) if tg is None else tg, address)
+    return RayProgram(two_level(*machine_shares(plan)) if tg is None else tg, address)
 
 
 def _simulate(graph: EinGraph, tg: TaskGraph | None) -> None:

@@ -18,7 +18,7 @@ from einsummable.ir.fuse import fuse
 from einsummable.lower.blockwise import lower_blocks
 from einsummable.lower.cluster import levels, machine_plan
 from einsummable.lower.lowering import lower
-from einsummable.lower.refine import refine, split
+from einsummable.lower.refine import machine_shares, refine, split
 from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, PartialTask
 from einsummable.plan.plan import build
 from einsummable.plan.planners import make_plan
@@ -41,7 +41,9 @@ def two_level(rng: random.Random, g, machines: int, cores: int, within: bool = T
 
 def shares_of(plan):
     cg = lower_blocks(machine_plan(plan))
-    return cg, split(cg, levels(plan).cc, plan.cluster.cores)
+    shares = split(cg, levels(plan).cc, plan.cluster.cores)
+    assert [s.ids for s in machine_shares(plan)[1]] == [s.ids for s in shares]
+    return cg, shares
 
 
 @settings(max_examples=40, deadline=None)

@@ -23,7 +23,7 @@ A half-precision sum is not cut along its summed dimensions inside a machine: it
 partial sums would round before they meet (lowering keeps them in f32 instead).
 With ``cc`` all ones and one core the refinement is the share itself.
 
-    shares = split(cg, tl.cc, cores)    # cg: lower_blocks(machine_plan(plan))
+    cg, shares = machine_shares(plan)   # in the driver: split(lower_blocks(machine_plan(plan)), ...)
     refined = refine(shares[m])         # on machine m: a TaskGraph over its cores
 """
 
@@ -38,6 +38,8 @@ import numpy as np
 from einsummable.ir.box import Box, box_shape, intersect, whole, within
 from einsummable.ir.dtypes import HALF
 from einsummable.ir.graph import Piece
+from einsummable.lower.blockwise import lower_blocks
+from einsummable.lower.cluster import levels, machine_plan
 from einsummable.lower.compact import APPLY, MOVE, CompactGraph
 from einsummable.lower.taskgraph import (
     ApplyTask,
@@ -50,6 +52,7 @@ from einsummable.lower.taskgraph import (
     ViewTask,
 )
 from einsummable.plan.partition import split as cuts
+from einsummable.plan.plan import Plan
 
 Counts = tuple[int, ...]
 RECEIVE = "\0receive"  # the name of a receive's placeholder input task
@@ -79,6 +82,12 @@ class Refined:
     receive: dict[int, int]  # refined task -> the cluster-level move it receives
     send: dict[int, tuple[int, int]]  # refined task -> (the cluster-level move, destination machine)
     held: dict[int, int]  # cluster-level output task -> refined task holding its whole block
+
+
+def machine_shares(plan: Plan) -> tuple[CompactGraph, list[Share]]:
+    """The machine-level graph of a two-level ``plan`` and each machine's share of it."""
+    cg = lower_blocks(machine_plan(plan))
+    return cg, split(cg, levels(plan).cc, plan.cluster.cores)
 
 
 def split(cg: CompactGraph, cc: Sequence[Counts], cores: int) -> list[Share]:

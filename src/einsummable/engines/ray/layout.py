@@ -3,10 +3,11 @@
 Two layouts:
 - ``whole(tg)``: a core-level TaskGraph, every actor given all of it (one machine, or a
   graph built by hand); each runs its machine's tasks;
-- ``two_level(plan)``: a plan over several machines. The driver lowers the machine-level
-  plan only (lower/cluster.py) and gives each actor its ``Share``, which the actor lowers
-  to its cores itself (lower/refine.py): no process builds the core-level graph of the
-  cluster, and an actor gets its tasks, not the cluster's.
+- ``two_level(*machine_shares(plan))``: a plan over several machines. The driver
+  lowers the machine-level plan only (lower/cluster.py) and gives each actor its
+  ``Share``, which the actor lowers to its cores itself (lower/refine.py): no
+  process builds the core-level graph of the cluster, and an actor gets its tasks,
+  not the cluster's.
 
 Task ids (in ``outputs``, ``machine``, ``describe``) are the layout's graph's: the
 core-level graph's, or the machine-level graph's.
@@ -22,12 +23,9 @@ import numpy as np
 from einsummable.engines import local
 from einsummable.ir import priority
 from einsummable.ir.box import Box
-from einsummable.lower.blockwise import lower_blocks
-from einsummable.lower.cluster import levels, machine_plan
-from einsummable.lower.compact import INPUT
-from einsummable.lower.refine import split
+from einsummable.lower.compact import INPUT, CompactGraph
+from einsummable.lower.refine import Share
 from einsummable.lower.taskgraph import InputTask, Output, TaskGraph
-from einsummable.plan.plan import Plan
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,11 +63,9 @@ def whole(tg: TaskGraph) -> Layout:
                   (len(tasks),) * machines, lambda t: tasks[t].describe())
 
 
-def two_level(plan: Plan) -> Layout:
-    """Each actor given its share of the machine-level graph of ``plan`` (several machines)."""
-    cg = lower_blocks(machine_plan(plan))
-    shares = split(cg, levels(plan).cc, plan.cluster.cores)
+def two_level(cg: CompactGraph, shares: list[Share]) -> Layout:
+    """Each actor given its share of the machine-level graph ``cg`` (``refine.machine_shares(plan)``)."""
     rows = [(int(cg.loc[t]), (*cg.aux_table[cg.aux[t]], cg.dtypes[cg.dtype[t]]))
             for t in np.flatnonzero(cg.kind == INPUT).tolist()]
-    return Layout(cg.workers, plan.cluster.cores, cg.outputs, cg.loc.astype(np.int64), _inputs(rows),
+    return Layout(cg.workers, shares[0].cores, cg.outputs, cg.loc.astype(np.int64), _inputs(rows),
                   tuple(shares), tuple(len(s) for s in shares), lambda t: cg.task(t).describe())
