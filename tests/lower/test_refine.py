@@ -42,7 +42,9 @@ def two_level(rng: random.Random, g, machines: int, cores: int, within: bool = T
 def shares_of(plan):
     cg = lower_blocks(machine_plan(plan))
     shares = split(cg, levels(plan).cc, plan.cluster.cores)
-    assert [s.ids for s in machine_shares(plan)[1]] == [s.ids for s in shares]
+    assert [s.ids.tolist() for s in machine_shares(plan)[1]] == [s.ids.tolist() for s in shares]
+    for share in shares:  # the share's rows are the graph's tasks
+        assert share.tasks == tuple(cg.task(t) for t in share.ids.tolist())
     return cg, shares
 
 

@@ -40,7 +40,7 @@ from einsummable.ir.dtypes import HALF
 from einsummable.ir.graph import Piece
 from einsummable.lower.blockwise import lower_blocks
 from einsummable.lower.cluster import levels, machine_plan
-from einsummable.lower.compact import APPLY, MOVE, CompactGraph
+from einsummable.lower.compact import MOVE, CompactGraph
 from einsummable.lower.taskgraph import (
     ApplyTask,
     ConstantTask,
@@ -60,18 +60,27 @@ RECEIVE = "\0receive"  # the name of a receive's placeholder input task
 
 @dataclass(frozen=True, eq=False)
 class Share:
-    """Machine ``machine``'s part of a cluster-level graph, in its ids (``ids[i]`` is ``tasks[i]``)."""
+    """Machine ``machine``'s part of a cluster-level graph: its rows of the graph's arrays.
+
+    ``rows`` holds its tasks (``ids[i]`` is row i; inputs keep the graph's ids, and a move
+    from another machine reads a task held elsewhere: a receive; a move to another machine
+    is a send). The driver only cuts arrays; the machine makes the task objects
+    (``tasks``) when it refines its share.
+    """
 
     machine: int
     cores: int
-    ids: tuple[int, ...]
-    tasks: tuple[Task, ...]  # its tasks; a move whose ``loc`` is another machine is a send, one from
-    # another machine a receive (its input id names a task elsewhere)
-    split: tuple[Counts | None, ...]  # per task: core blocks per join dimension of an apply, else None
+    ids: np.ndarray  # [tasks] the graph's ids of its tasks
+    rows: CompactGraph
+    cc: tuple[Counts, ...]  # the plan's core counts per node (an apply's core blocks per join dimension)
     outputs: tuple[int, ...]  # ids of its tasks whose blocks some output holds
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def tasks(self) -> tuple[Task, ...]:
+        return tuple(self.rows.task(i) for i in range(len(self.ids)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,16 +101,31 @@ def machine_shares(plan: Plan) -> tuple[CompactGraph, list[Share]]:
 
 def split(cg: CompactGraph, cc: Sequence[Counts], cores: int) -> list[Share]:
     """Each machine's share of ``cg`` (workers are machines), with ``cc``: the plan's core counts per node."""
-    out_ids = {t for o in cg.outputs.values() for t, _ in o.blocks}
-    kind, node = cg.kind, cg.node
+    out_ids = np.array(sorted({t for o in cg.outputs.values() for t, _ in o.blocks}), dtype=np.int64)
+    cc = tuple(cc)
     shares = []
     for m in range(cg.workers):
-        ids = np.flatnonzero((cg.loc == m) | ((kind == MOVE) & (cg.src == m))).tolist()
-        tasks = tuple(cg.task(t) for t in ids)
-        counts = tuple(cc[node[t]] if kind[t] == APPLY and node[t] >= 0 else None for t in ids)
-        mine = tuple(t for t in ids if t in out_ids and cg.loc[t] == m)
-        shares.append(Share(m, cores, tuple(ids), tasks, counts, mine))
+        ids = np.flatnonzero((cg.loc == m) | ((cg.kind == MOVE) & (cg.src == m)))
+        mine = out_ids[cg.loc[out_ids] == m]
+        shares.append(Share(m, cores, ids, _rows(cg, ids), cc, tuple(mine.tolist())))
     return shares
+
+
+def _rows(cg: CompactGraph, ids: np.ndarray) -> CompactGraph:
+    """Tasks ``ids`` of ``cg`` as arrays of their own: inputs keep cg's ids; the aux table
+    is cut to the entries they use."""
+    aux = cg.aux[ids]
+    used = np.unique(aux[aux >= 0])
+    remap = np.full(max(len(cg.aux_table), 1), -1, dtype=np.int32)
+    remap[used] = np.arange(len(used), dtype=np.int32)
+    starts, lengths = cg.indptr[ids], np.diff(cg.indptr)[ids]
+    edges = np.repeat(starts - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+    return replace(cg, kind=cg.kind[ids], loc=cg.loc[ids], src=cg.src[ids], node=cg.node[ids],
+                   dtype=cg.dtype[ids], shape=cg.shape[ids],
+                   aux=np.where(aux >= 0, remap[aux], -1).astype(np.int32),
+                   indptr=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+                   indices=cg.indices[edges], aux_table=tuple(cg.aux_table[i] for i in used.tolist()),
+                   outputs={})
 
 
 class _Refine:
@@ -197,8 +221,11 @@ class _Refine:
 
     def run(self) -> Refined:
         share = self.share
-        self.shapes = {t: task.shape for t, task in zip(share.ids, share.tasks, strict=True)}
-        for t, task, counts in zip(share.ids, share.tasks, share.split, strict=True):
+        tasks = share.tasks
+        ids = share.ids.tolist()
+        self.shapes = {t: task.shape for t, task in zip(ids, tasks, strict=True)}
+        for t, task in zip(ids, tasks, strict=True):
+            counts = share.cc[task.node] if isinstance(task, ApplyTask) and task.node >= 0 else None
             me = share.machine
             if isinstance(task, ApplyTask):
                 self.apply(t, task, counts)
