@@ -13,18 +13,25 @@ the process's peak RSS so far.
 
     python benchmarks/lower_scale.py [--machines 1 4 16 32] [--cores 64] [--objects-up-to 4]
 
-Measured here (2 cores shared by ~8 engineers, load 6-19; AdamW, 21,164 nodes):
+Measured here (2 cores shared by ~8 engineers; AdamW, 21,164 nodes), ``--machines 1 4 16
+32 --cores 64 --objects-up-to 0``, before (c08a687, load 0.7-1.9) and after caching the
+geometry of fetches, einsums and selects, releasing a value's index entries once nothing
+reads its tasks, keeping the columns in chunks and the garbage collector off while
+lowering (load 4.2-4.8); cells are before → after, RSS is the process's peak so far
+(planning included):
 
-| cluster | tasks | arrays: CPU µs/task | B/task kept | B/task peak | objects: µs/task | B/task peak |
-|---|---|---|---|---|---|---|
-| 1 × 64 | 15,053 | 354 | 37 | 2,452 | 98 | 2,294 |
-| 4 × 64 | 66,728 | 81 | 37 | 758 | 70 | 1,912 |
-| 16 × 64 | 510,310 | 18 | 37 | 307 | (98 s wall in all) | |
-| 32 × 64 | 1,240,220 | 9.9 | 37 | 264 | (132 s wall in all) | |
+| cluster | tasks | CPU µs/task | B/task kept | B/task peak | RSS GB |
+|---|---|---|---|---|---|
+| 1 × 64 | 15,053 | 321 → 96 | 37 | 2,455 → 1,307 | 0.33 → 0.34 |
+| 4 × 64 | 66,728 | 84 → 24 | 37 | 755 → 403 | 0.34 → 0.34 |
+| 16 × 64 | 481,637 | 18.5 → 5.6 | 37 | 317 → 133 | 0.45 → 0.36 |
+| 32 × 64 | 1,211,037 | 8.4 → 3.0 | 37 | 259 → 104 | 0.75 → 0.43 |
 
-A node costs about 250 µs whatever its blocks (numpy calls on small arrays), so
-the arrays win only from about 4 machines on; the cost per task falls as blocks
-per node grow.
+Llama's 32 layers (and its optimizer's update of every weight of a shape) repeat the
+same fetches, so most of a node's numpy work is done once; what is left costs about
+70 µs per node whatever its blocks, so the cost per task still falls as blocks per
+node grow. lowering.py's objects cost 98 and 70 µs/task at 1 and 4 machines (an
+earlier run of ``--objects-up-to 4``).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from einsummable.lower.cluster import cluster_graph, machine_plan
 from einsummable.lower.compact import SHOWN, prune
 from einsummable.lower.lowering import lower
 from einsummable.lower.stats import to_dot
-from einsummable.lower.taskgraph import ApplyTask
+from einsummable.lower.taskgraph import ApplyTask, MoveTask
 from einsummable.models.llama.model import PRESETS
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import build
@@ -122,3 +122,55 @@ def test_empty_blocks_lower_to_the_same_tasks():
     parts = [Partition.uniform(s, [2 if n >= 2 else 1 for n in s]) for s in _shapes(g.ir)]
     _, got, want = same(build(g.ir, Cluster(machines=2, cores=1), parts))
     assert got.tasks == want.tasks and got.outputs == want.outputs
+
+
+def test_a_select_holding_its_inputs_block_shares_the_moves_of_it():
+    """y = x[0:4] holds x's first block as its own (both on machine 0): z = y + 1 on machine 1
+    moves that block there, and w = x + 3, whose first block is on machine 1 too, needs the
+    same move. lowering.py makes it once; so must the arrays, though y has one reader."""
+    g = es.Graph()
+    x = g.input("x", (8, 4))
+    g.output("z", x[0:4] + 1.0)
+    g.output("w", x + 3.0)
+    shapes = _shapes(g.ir)
+    parts = [Partition.uniform(s, (2, 1)) if s[0] == 8 else Partition.whole(s) for s in shapes]
+    locs = {0: (0, 1), 1: (0,), 2: (1,), 3: (1, 0)}  # x, y = x[0:4], z, w
+    assert [s[0] for s in shapes] == [8, 4, 4, 8]
+    plan = replace(build(g.ir, Cluster(machines=2, cores=1), parts), where=locs.__getitem__)
+    _, got, want = same(plan)
+    assert got.tasks == want.tasks and got.outputs == want.outputs
+    assert sum(isinstance(t, MoveTask) for t in got.tasks) == 2  # x's first block to 1, its second to 0
+
+
+def test_a_task_keyed_by_a_task_of_the_same_node_is_found_by_later_nodes():
+    """Each block of x.reshape(4, 2, 2) on machine 0 gathers a row band of x (a move, a
+    partial) and views it: the view's identity names the partial, made in the same node,
+    which has a temporary id until the node is done. The same reshape again must find
+    those views (lowering.py makes them once)."""
+    g = es.Graph()
+    x = g.input("x", (4, 4))
+    g.output("a", x.reshape((4, 2, 2)) * 2.0)
+    g.output("b", x.reshape((4, 2, 2)) * 3.0)
+    parts = [Partition.uniform(s, (1, 2)) if s == (4, 4) else Partition.uniform(s, (2, 1, 1))
+             for s in _shapes(g.ir)]
+    locs = {0: (0, 1), 1: (0, 0), 2: (0, 0), 3: (0, 0), 4: (0, 0)}  # x, its reshape, * 2, again, * 3
+    plan = replace(build(g.ir, Cluster(machines=2, cores=1), parts), where=locs.__getitem__)
+    _, got, want = same(plan)
+    assert got.tasks == want.tasks and got.outputs == want.outputs
+    assert sum(type(t).__name__ == "ViewTask" for t in got.tasks) == 2
+
+
+def test_two_nodes_made_of_the_same_tasks_share_the_moves_of_them():
+    """Two equal reshapes of x on machine 0 are the same view tasks; * 2 and * 3 on
+    machine 1 both move that view there. lowering.py makes that move once; so must the
+    arrays, though each reshape has one reader."""
+    g = es.Graph()
+    x = g.input("x", (4, 4))
+    g.output("a", x.reshape((4, 2, 2)) * 2.0)
+    g.output("b", x.reshape((4, 2, 2)) * 3.0)
+    parts = [Partition.whole(s) for s in _shapes(g.ir)]
+    locs = {0: (0,), 1: (0,), 2: (1,), 3: (0,), 4: (1,)}  # x, its reshape, * 2, again, * 3
+    plan = replace(build(g.ir, Cluster(machines=2, cores=1), parts), where=locs.__getitem__)
+    _, got, want = same(plan)
+    assert got.tasks == want.tasks and got.outputs == want.outputs
+    assert sum(isinstance(t, MoveTask) for t in got.tasks) == 1

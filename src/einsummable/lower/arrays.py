@@ -7,7 +7,10 @@ task itself: a row equal to a task already made is that task. A task new in this
 node gets a temporary id; its ``order`` (where lowering.py would make it: block,
 operand, piece, step) decides its final place when the node is done, so the
 arrays come out in exactly lowering.py's order, and every id handed out during the
-node is renumbered then (``finish``).
+node is renumbered then (``finish``), in the index's keys too. An index entry made
+while ``owner`` is set goes with that owner (``release``): the lowering lets a
+value's moves, sums and views go once no node to come reads its tasks. Finished
+columns are kept in chunks (``Chunks``) and joined once (``graph``).
 
     b = Builder(workers, cores)
     ids = b.emit(MOVE, keys, order, loc=..., src=..., dtype=..., shape=..., aux=..., inputs=...)
@@ -20,10 +23,11 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from einsummable.lower.compact import KINDS, TYPES, CompactGraph
+from einsummable.lower.compact import CONSTANT, KINDS, TYPES, CompactGraph
 from einsummable.lower.taskgraph import Output
 
 COLUMNS = ("kind", "loc", "src", "node", "dtype", "shape", "aux")
+CHUNK = 1 << 16  # elements per chunk of a finished column
 
 
 def void_rows(keys: np.ndarray) -> np.ndarray:
@@ -33,13 +37,16 @@ def void_rows(keys: np.ndarray) -> np.ndarray:
 
 
 class Remap:
-    """Temporary ids (from ``base`` on) to final ids; ids below ``base`` stay."""
+    """Temporary ids (from ``base`` on) to final ids; ids below ``base`` stay; ``final``
+    None: the temporary ids are the final ones."""
 
-    def __init__(self, base: int, final: np.ndarray) -> None:
+    def __init__(self, base: int, final: np.ndarray | None) -> None:
         self.base, self.final = base, final
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64)
+        if self.final is None:
+            return ids
         new = ids >= self.base
         if not new.any():
             return ids
@@ -48,25 +55,63 @@ class Remap:
         return out
 
 
+class Chunks:
+    """A growing column of one dtype, kept in chunks of ``CHUNK`` elements: a node's tasks
+    are copied into the free room, so a million tasks are a few dozen arrays, not one
+    small array (and its ~100 bytes of header) per node and column."""
+
+    def __init__(self, dtype) -> None:
+        self.dtype = dtype
+        self.chunks: list[np.ndarray] = []
+        self.used = 0  # of the last chunk
+
+    def extend(self, a: np.ndarray) -> None:
+        at = 0
+        while at < len(a):
+            if not self.chunks or self.used == len(self.chunks[-1]):
+                self.chunks.append(np.empty(CHUNK, dtype=self.dtype))
+                self.used = 0
+            last = self.chunks[-1]
+            k = min(len(a) - at, len(last) - self.used)
+            last[self.used:self.used + k] = a[at:at + k]
+            self.used += k
+            at += k
+
+    def take(self) -> np.ndarray:
+        """The whole column, in one array; the chunks are let go."""
+        if self.chunks:
+            self.chunks[-1] = self.chunks[-1][:self.used]
+        out = np.concatenate(self.chunks) if self.chunks else np.zeros(0, dtype=self.dtype)
+        self.chunks = []
+        return out
+
+
 class Builder:
     def __init__(self, workers: int, cores: int) -> None:
         self.workers, self.cores = workers, cores
         self.n = 0  # tasks finished (ids below n are final)
-        self.done: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
-        self.done_lengths: list[np.ndarray] = []
-        self.done_indices: list[np.ndarray] = []
+        self.done = {c: Chunks(t) for c, t in zip(COLUMNS, TYPES, strict=True)}
+        self.done_lengths = Chunks(np.int32)
+        self.done_indices = Chunks(np.int32)
         self.index: list[dict[Hashable, int]] = [{} for _ in KINDS]  # identical tasks are one
+        # the index's entries per owner (a node whose value's tasks they move, sum or view): let go
+        # once nothing can make them again (``release``); None: kept to the end
+        self.owner: int | None = None
+        self.owned: dict[int, list[list[Hashable]]] = {}
         self.tables: dict[str, dict[Hashable, int]] = {"shape": {}, "dtype": {}, "aux": {}}
         self.lists: dict[str, list] = {"shape": [], "dtype": [], "aux": []}
         self._reset()
 
     def _reset(self) -> None:
-        self.cols: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+        self.rows: list[np.ndarray] = []  # [m, len(COLUMNS)] int64 per batch of new tasks
         self.order: list[np.ndarray] = []
         self.lengths: list[np.ndarray] = []
         self.flat: list[np.ndarray] = []
         self.lowered: list[tuple[np.ndarray, np.ndarray]] = []  # (temporary ids, order): min with their order
         self.fresh: list[tuple[dict, Hashable]] = []  # dict entries holding temporary ids
+        # index keys that name tasks by temporary ids: (index, their rows, the id columns, their
+        # owner's list and places in it), renamed by ``finish``
+        self.stale: list[tuple[dict, np.ndarray, tuple[int, ...], list, list[int]]] = []
         self.count = 0  # tasks new in this node
 
     # ------------------------------------------------------------ tables
@@ -110,10 +155,13 @@ class Builder:
     # ------------------------------------------------------------ emitting
 
     def emit(self, kind: int, keys: np.ndarray, order: np.ndarray, *, loc, src=None, node=-1, dtype, shape,
-             aux=-1, inputs: np.ndarray | None = None, shared: bool = True) -> np.ndarray:
+             aux=-1, inputs: np.ndarray | None = None, shared: bool = True, ids_at: tuple[int, ...] = ()
+             ) -> np.ndarray:
         """Ids of the tasks whose identities are the rows of ``keys`` [N, c] (equal rows: one task).
 
-        Column arguments are [N] arrays or scalars; ``inputs`` is [N, k]. ``shared=False``:
+        Column arguments are [N] arrays or scalars; ``inputs`` is [N, k]; ``ids_at``: the
+        columns of ``keys`` that are task ids (inputs), renamed in the index when the tasks
+        they name get their final ids (``finish``). ``shared=False``:
         no other batch can make these tasks (an apply names its node; a move reads a
         block that only this node reads), so they are not remembered: most tasks are
         not, which keeps the index, and the memory of lowering, small."""
@@ -126,46 +174,49 @@ class Builder:
         if len(uniq) < n:
             np.minimum.at(low, inv, order)
         base = self.n + self.count
-        if not shared:
-            ids = np.arange(base, base + len(uniq), dtype=np.int64)
-            new: list[int] | np.ndarray = np.arange(len(uniq))
-        else:
-            blob, width = uniq.tobytes(), uniq.dtype.itemsize
-            d = self.index[kind]
-            ids = np.empty(len(uniq), dtype=np.int64)
-            new = []
-            for j in range(len(uniq)):
-                key = blob[j * width:(j + 1) * width]
-                t = d.get(key)
-                if t is None:
-                    t = d[key] = base + len(new)
-                    self.fresh.append((d, key))
-                    new.append(j)
-                ids[j] = t
-            pending = ids >= self.n
-            if pending.any():
-                self.lowered.append((ids[pending], low[pending]))
-        if len(new):
-            pick = first[new]
-            m = len(new)
-
-            def col(x, dt):
-                return np.full(m, x, dtype=dt) if np.isscalar(x) else np.asarray(x)[pick].astype(dt)
-
-            self.cols["kind"].append(np.full(m, kind, dtype=np.uint8))
-            self.cols["loc"].append(col(loc, np.int32))
-            self.cols["src"].append(col(loc if src is None else src, np.int32))
-            self.cols["node"].append(col(node, np.int32))
-            self.cols["dtype"].append(col(dtype, np.uint8))
-            self.cols["shape"].append(col(shape, np.int32))
-            self.cols["aux"].append(col(aux, np.int32))
-            self.order.append(low[new])
-            k = 0 if inputs is None else inputs.shape[1]
-            self.lengths.append(np.full(m, k, dtype=np.int64))
-            if k:
-                self.flat.append(inputs[pick].ravel().astype(np.int64))
-            self.count += m
+        if not shared:  # every distinct row is a new task
+            self.add(len(uniq), first, low, kind, loc, src, node, dtype, shape, aux, inputs)
+            return base + inv
+        blob, width = uniq.tobytes(), uniq.dtype.itemsize
+        d = self.index[kind]
+        ids = np.empty(len(uniq), dtype=np.int64)
+        new = []
+        made = self.owned_keys(kind)
+        at = len(made)
+        for j in range(len(uniq)):
+            key = blob[j * width:(j + 1) * width]
+            t = d.get(key)
+            if t is None:
+                t = d[key] = base + len(new)
+                self.fresh.append((d, key))
+                made.append(key)
+                new.append(j)
+            ids[j] = t
+        if ids_at and new:
+            rows = keys[first[new]]
+            temp = np.flatnonzero((rows[:, list(ids_at)] >= self.n).any(axis=1))
+            if len(temp):
+                self.stale.append((d, rows[temp], ids_at, made, (at + temp).tolist()))
+        pending = ids >= self.n
+        if pending.any():
+            self.lowered.append((ids[pending], low[pending]))
+        if new:
+            self.add(len(new), first[new], low[new], kind, loc, src, node, dtype, shape, aux, inputs)
         return ids[inv]
+
+    def add(self, m: int, pick: np.ndarray, low: np.ndarray, kind, loc, src, node, dtype, shape, aux,
+            inputs) -> None:
+        """The m new tasks of an ``emit``: rows ``pick`` of its column arguments, made at ``low``."""
+        rows = np.empty((m, len(COLUMNS)), dtype=np.int64)
+        for j, x in enumerate((kind, loc, loc if src is None else src, node, dtype, shape, aux)):
+            rows[:, j] = x[pick] if isinstance(x, np.ndarray) else x
+        self.rows.append(rows)
+        self.order.append(low)
+        k = 0 if inputs is None else inputs.shape[1]
+        self.lengths.append(np.full(m, k, dtype=np.int64))
+        if k:
+            self.flat.append(inputs[pick].ravel().astype(np.int64))
+        self.count += m
 
     def emit_one(self, kind: int, key: Hashable, order: int, *, loc: int, dtype: int, shape: int, aux: int,
                  inputs: tuple[int, ...], node: int = -1) -> int:
@@ -178,15 +229,31 @@ class Builder:
             return t
         t = d[key] = self.n + self.count
         self.fresh.append((d, key))
-        for c, v in (("kind", kind), ("loc", loc), ("src", loc), ("node", node), ("dtype", dtype),
-                     ("shape", shape), ("aux", aux)):
-            self.cols[c].append(np.array([v], dtype=TYPES[COLUMNS.index(c)]))
+        made = self.owned_keys(kind)
+        made.append(key)
+        if any(i >= self.n for i in inputs):  # the key is [*inputs, ...] (assemble.partial)
+            self.stale.append((d, np.frombuffer(key, dtype=np.int64)[None], tuple(range(len(inputs))), made,
+                               [len(made) - 1]))
+        self.rows.append(np.array([[kind, loc, loc, node, dtype, shape, aux]], dtype=np.int64))
         self.order.append(np.array([order], dtype=np.int64))
         self.lengths.append(np.array([len(inputs)], dtype=np.int64))
         if inputs:
             self.flat.append(np.array(inputs, dtype=np.int64))
         self.count += 1
         return t
+
+    def owned_keys(self, kind: int) -> list:
+        """Where the new index entries of this kind go: their owner's list (constants have
+        none: any node may make the same one), else a list nobody keeps."""
+        if self.owner is None or kind == CONSTANT:
+            return []
+        return self.owned.setdefault(self.owner, [[] for _ in KINDS])[kind]
+
+    def release(self, owner: int) -> None:
+        """Drop the index entries of ``owner``: no task to come can be one of them."""
+        for d, keys in zip(self.index, self.owned.pop(owner, ()), strict=False):
+            for key in keys:
+                del d[key]
 
     def remember(self, d: dict, key: Hashable, t: int) -> None:
         """A cache entry (a fetch) that may hold a temporary id until ``finish``."""
@@ -204,33 +271,63 @@ class Builder:
         order = np.concatenate(self.order)
         for ids, low in self.lowered:
             np.minimum.at(order, ids - base, low)
+        if (order[1:] >= order[:-1]).all():  # made in order (most nodes): the temporary ids are final
+            rows = np.concatenate(self.rows)
+            for j, c in enumerate(COLUMNS):
+                self.done[c].extend(rows[:, j])
+            self.done_lengths.extend(np.concatenate(self.lengths))
+            if self.flat:
+                self.done_indices.extend(np.concatenate(self.flat))
+            self.n += m
+            self._reset()
+            return Remap(base, None)
         perm = np.argsort(order, kind="stable")
         final = np.empty(m, dtype=np.int64)
         final[perm] = np.arange(base, base + m)
         remap = Remap(base, final)
-        for c in COLUMNS:
-            self.done[c].append(np.concatenate(self.cols[c])[perm])
+        rows = np.concatenate(self.rows)[perm]
+        for j, c in enumerate(COLUMNS):
+            self.done[c].extend(rows[:, j])
         lengths = np.concatenate(self.lengths)
         flat = remap(np.concatenate(self.flat)) if self.flat else np.zeros(0, dtype=np.int64)
         starts = np.cumsum(lengths) - lengths
         plen = lengths[perm]
         gather = np.repeat(starts[perm] - (np.cumsum(plen) - plen), plen) + np.arange(plen.sum())
-        self.done_lengths.append(plen)
-        self.done_indices.append(flat[gather].astype(np.int32))
+        self.done_lengths.extend(plen)
+        self.done_indices.extend(flat[gather])
         for d, key in self.fresh:
             v = d[key]
             if v >= base:
                 d[key] = int(final[v - base])
+        # keys naming this node's tasks by temporary ids: by their final ids (all taken out
+        # first, as an old key may be another's new one)
+        moved = []
+        for d, rows, at, made, places in self.stale:
+            renamed = rows.copy()
+            renamed[:, list(at)] = remap(rows[:, list(at)])
+            old, new = rows.tobytes(), renamed.tobytes()
+            width = rows.shape[1] * 8
+            for j, place in enumerate(places):
+                b = new[j * width:(j + 1) * width]
+                moved.append((d, b, d.pop(old[j * width:(j + 1) * width])))
+                made[place] = b
+        for d, b, t in moved:
+            d[b] = t
         self.n += m
         self._reset()
         return remap
 
     def graph(self, outputs: dict[str, Output]) -> CompactGraph:
-        cols = {c: np.concatenate(self.done[c]) if self.done[c] else np.zeros(0, dtype=t)
-                for c, t in zip(COLUMNS, TYPES, strict=True)}
-        lengths = np.concatenate(self.done_lengths) if self.done_lengths else np.zeros(0, dtype=np.int64)
-        indptr = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        indices = np.concatenate(self.done_indices) if self.done_indices else np.zeros(0, dtype=np.int32)
+        """The finished tasks as one CompactGraph. The builder is spent: its index and its
+        per-node arrays are let go as they are joined, so that they and the joined arrays
+        are not all held at once."""
+        self.index = []
+        cols = {c: self.done[c].take() for c in COLUMNS}
+        lengths = self.done_lengths.take()
+        indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        del lengths
+        indices = self.done_indices.take()
         return CompactGraph(**cols, indptr=indptr, indices=indices, dtypes=tuple(self.lists["dtype"]),
                             shapes=tuple(self.lists["shape"]), aux_table=tuple(self.lists["aux"]),
                             outputs=outputs, workers=self.workers, cores=self.cores)

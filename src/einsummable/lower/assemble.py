@@ -59,8 +59,9 @@ class Assembler:
 
     def partials(self, ts: np.ndarray, slo: np.ndarray, shi: np.ndarray, dst: np.ndarray, shape: np.ndarray,
                  dtype: int, agg: str | None, loc: np.ndarray, pad: float, order: np.ndarray,
-                 shared: bool) -> np.ndarray:
-        """Partials of c pieces each, one per row: ts [N, c]; slo, shi, dst [N, c, rank]."""
+                 shared: bool, memo: dict | None = None) -> np.ndarray:
+        """Partials of c pieces each, one per row: ts [N, c]; slo, shi, dst [N, c, rank].
+        ``memo`` keeps their pieces' aux ids for the next call with the same geometry."""
         n, c = ts.shape
         out = np.empty(n, dtype=np.int64)
         s = np.sort(ts, axis=1)
@@ -70,30 +71,48 @@ class Assembler:
                                   int(shape[i]), dtype, agg, int(loc[i]), pad, int(order[i]))
         ok = np.flatnonzero(~dup)
         if len(ok):
-            k = np.broadcast_to(np.arange(c)[None, :, None], (len(ok), c, 1))
-            geo = np.concatenate([k, slo[ok], shi[ok], dst[ok]], axis=2).reshape(len(ok), -1)
-            rank = slo.shape[2]
-            aux = np.array([self.pieces(row, rank, agg, pad) for row in map(tuple, geo.tolist())],
-                           dtype=np.int64)
+            aux = memo.get("aux") if memo is not None and len(ok) == n else None
+            if aux is None:
+                k = np.broadcast_to(np.arange(c)[None, :, None], (len(ok), c, 1))
+                geo = np.concatenate([k, slo[ok], shi[ok], dst[ok]], axis=2).reshape(len(ok), -1)
+                rank = slo.shape[2]
+                aux = np.array([self.pieces(row, rank, agg, pad) for row in map(tuple, geo.tolist())],
+                               dtype=np.int64)
+                if memo is not None and len(ok) == n:
+                    memo["aux"] = aux
             keys = np.concatenate([ts[ok], aux[:, None], shape[ok, None], np.full((len(ok), 1), dtype),
                                    loc[ok, None]], axis=1)
             out[ok] = self.b.emit(PARTIAL, keys, order[ok], loc=loc[ok], dtype=dtype, shape=shape[ok],
-                                  aux=aux, inputs=ts[ok], shared=shared)
+                                  aux=aux, inputs=ts[ok], shared=shared, ids_at=tuple(range(c)))
         return out
 
-    def constants(self, kind, dtype: str, lo, hi, w, order) -> np.ndarray:
-        aux = self.b.box_ids("constant", kind, lo, hi)
-        dt = self.dt(dtype)
+    def constants(self, kind, dtype: str, lo, hi, w, order, memo: dict | None = None) -> np.ndarray:
+        """Constant blocks [lo, hi) at machines w; ``memo`` keeps their table ids for the next
+        call with the same boxes."""
+        if memo is None or "aux" not in memo:
+            ids = (self.b.box_ids("constant", kind, lo, hi), self.dt(dtype), self.b.shape_ids(hi - lo))
+            if memo is None:
+                memo = {}
+            memo["aux"] = ids
+        aux, dt, shape = memo["aux"]
         keys = np.stack([aux, np.full(len(w), dt), w], axis=1)
-        return self.b.emit(CONSTANT, keys, order, loc=w, dtype=dt, shape=self.b.shape_ids(hi - lo), aux=aux)
+        return self.b.emit(CONSTANT, keys, order, loc=w, dtype=dt, shape=shape, aux=aux)
 
-    def cast(self, u: int, dtype: str, kept: str, t, shapes, w, order, shared: bool) -> np.ndarray:
-        ops = np.zeros(len(t), dtype=np.int64)
-        uniq, inv = np.unique(shapes, axis=0, return_inverse=True) if shapes.shape[1] else (shapes[:1], ops)
-        for j, shape in enumerate(uniq.tolist()):
-            every = tuple(range(len(shape)))
-            op = Einsummable(tuple(shape), (every,), len(shape), Cast(dtype, Input(0)), None, (kept,))
-            ops[inv.ravel() == j] = self.b.intern("aux", op)
+    def cast(self, u: int, dtype: str, kept: str, t, shapes, w, order, shared: bool,
+             memo: dict | None = None) -> np.ndarray:
+        """Wide partial sums t rounded to ``dtype``; ``memo`` as in ``constants``."""
+        if memo is None or "ops" not in memo:
+            ops = np.zeros(len(t), dtype=np.int64)
+            uniq, inv = (np.unique(shapes, axis=0, return_inverse=True) if shapes.shape[1]
+                         else (shapes[:1], ops))
+            for j, shape in enumerate(uniq.tolist()):
+                every = tuple(range(len(shape)))
+                op = Einsummable(tuple(shape), (every,), len(shape), Cast(dtype, Input(0)), None, (kept,))
+                ops[inv.ravel() == j] = self.b.intern("aux", op)
+            if memo is None:
+                memo = {}
+            memo["ops"] = (ops, self.dt(dtype), self.b.shape_ids(shapes))
+        ops, dt, shape = memo["ops"]
         keys = np.stack([ops, t, w, np.full(len(t), u)], axis=1)
-        return self.b.emit(APPLY, keys, order, loc=w, node=u, dtype=self.dt(dtype),
-                           shape=self.b.shape_ids(shapes), aux=ops, inputs=t[:, None], shared=shared)
+        return self.b.emit(APPLY, keys, order, loc=w, node=u, dtype=dt, shape=shape, aux=ops,
+                           inputs=t[:, None], shared=shared, ids_at=(1,))

@@ -14,15 +14,22 @@ all the reads of one producer at once:
   rounded once (a cast).
 Partials (assemble.py) are made in batches of the same piece count. Tasks come
 out in lowering.py's order (arrays.py): every request carries its place (block,
-operand, piece, step) and each node's new tasks are sorted by it. Cost: about
-15 µs (CPU, on a loaded 2-core box) and 40 bytes kept per task at 32 machines.
+operand, piece, step) and each node's new tasks are sorted by it.
+
+What does not depend on task ids (a fetch's pieces, moves and assembly, an
+einsum's blocks and operand boxes, a select's pieces) is worked out once per
+distinct geometry and replayed (geometry.py, selects.py): Llama's layers repeat it.
+A value's index entries and fetch cache go once no node to come reads its tasks
+(``readers``). Cost at 32 machines × 64 cores (Llama-7B training,
+benchmarks/lower_scale.py): about 3 µs (CPU) per task, 37 bytes kept and about 100
+at the peak of lowering.
 
     cg = lower_blocks(machine_plan(plan))     # a CompactGraph
 """
 
 from __future__ import annotations
 
-import functools
+import gc
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -40,15 +47,13 @@ from einsummable.ir.graph import (
     Reshape,
     Select,
 )
-from einsummable.lower.arrays import Builder, void_rows
-from einsummable.lower.assemble import Assembler
+from einsummable.lower.arrays import Builder
 from einsummable.lower.compact import APPLY, INPUT, MOVE, VIEW, CompactGraph, prune
+from einsummable.lower.geometry import INNER, Geometry, Operands, Requests, geometry, grid, key
+from einsummable.lower.selects import SelectGeometry, Selects
 from einsummable.lower.taskgraph import Output
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
-from einsummable.plan.traffic import block_indices
-
-INNER = 1 << 24  # order = request * INNER + the step within the request
 
 
 @dataclass
@@ -59,197 +64,179 @@ class Held:
     task: np.ndarray  # [Q, R]
     loc: np.ndarray  # [Q, R]
     kept: str  # their dtype (f32 for half partial sums)
+    sig: int = -1  # the same for Helds of the same partition, machines and dtype (the geometry's cache)
 
 
-@functools.lru_cache(maxsize=4096)
-def indices(counts: tuple[int, ...]) -> np.ndarray:
-    """``block_indices``, shared: many nodes have the same counts."""
-    return block_indices(counts)
-
-
-def grid(part: Partition) -> tuple[np.ndarray, np.ndarray]:
-    """[blocks, rank] lo and hi of every block, row-major."""
-    idx = indices(part.counts)
-    lo = np.zeros(idx.shape, dtype=np.int64)
-    hi = np.zeros(idx.shape, dtype=np.int64)
-    for d, b in enumerate(part.bounds):
-        b = np.array(b, dtype=np.int64)
-        lo[:, d], hi[:, d] = b[idx[:, d]], b[idx[:, d] + 1]
-    return lo, hi
-
-
-class _Lower(Assembler):
+class _Lower(Selects):
     def __init__(self, plan: Plan) -> None:
         self.g, self.plan = plan.graph, plan
         super().__init__(Builder(plan.cluster.workers, plan.cluster.cores))
         self.outs: dict[int, Held] = {}
         self.fetched: dict[int, dict] = {}
-        self.shared = self.read_by_several()
+        self.requests: dict[bytes, Requests] = {}
+        self.geometries: dict[tuple, Geometry] = {}
+        self.einsums: dict[tuple, Operands] = {}
+        self.selects: dict[tuple, SelectGeometry] = {}
+        self.sigs: dict[tuple, int] = {}
+        self.shared, self.release_at = self.readers()
 
-    def read_by_several(self) -> list[bool]:
-        """Per node: is its value (its blocks' tasks) read by more than one node? A
-        formation of a value that is not a partial sum is that value, so they count
-        together. A value read by one node is fetched in one batch, so its moves and
-        partials need no index and no cache."""
-        root = list(range(len(self.g.nodes)))
-        for v, node in enumerate(self.g.nodes):
-            if isinstance(node, Formation) and not self.plan.spaces[node.inputs[0]].aggregated:
-                root[v] = root[node.inputs[0]]
+    def holds(self) -> list[bool]:
+        """Per node: may its blocks be tasks that other nodes' blocks are too? A select's
+        may be its inputs' blocks as they are (a block it reads whole, where it is), and
+        a formation's, unless its input's blocks are partial sums (they sum into new
+        tasks). And a select, formation or view of a value that other nodes read too may
+        make the same tasks as one of those (the index finds them): the same views of the
+        same blocks, the same sums of the same partial sums."""
+        plan, g = self.plan, self.g
+        users = g.users()
+        out = []
+        for node in g.nodes:
+            keeps = isinstance(node, Select) or (isinstance(node, Formation) and
+                                                 plan.parts[node.inputs[0]].num_blocks ==
+                                                 plan.out_partition(node.inputs[0]).num_blocks)
+            same = (isinstance(node, Select | Formation | Reshape | ComplexView)
+                    and any(len(set(users[x])) > 1 for x in node.inputs))
+            out.append(keeps or same)
+        return out
+
+    def readers(self) -> tuple[list[bool], dict[int, list[int]]]:
+        """Per node: can more than one node read its tasks? Those of a value read by one
+        node are fetched in one batch, so their moves and partials need no index and no
+        cache; but a node that holds its inputs' tasks (``holds``) shares them with its
+        readers. And per node n: the nodes whose tasks no node after n reads (a holder's
+        readers read its inputs' tasks too), so that the index entries made from their
+        tasks (moves, sums, casts, views) and their fetches can go after n."""
+        g, holds = self.g, self.holds()
+        parent = list(range(len(g.nodes)))  # one group: a holder and its inputs
+
+        def find(v: int) -> int:
+            while parent[v] != v:
+                parent[v] = v = parent[parent[v]]
+            return v
+
+        for v, node in enumerate(g.nodes):
+            for x in node.inputs if holds[v] else ():
+                parent[find(x)] = find(v)
+        root = [find(v) for v in range(len(parent))]
+        users = g.users()
         readers: dict[int, set[int]] = {}
-        for v, us in enumerate(self.g.users()):
+        for v, us in enumerate(users):
             readers.setdefault(root[v], set()).update(us)
-        return [len(readers[root[v]]) > 1 for v in range(len(root))]
+        life = [-1] * len(g.nodes)
+        for v in reversed(range(len(g.nodes))):
+            for r in users[v]:
+                life[v] = max(life[v], r, life[r] if holds[r] else -1)
+        for v, node in enumerate(g.nodes):  # a holder's fetches make entries from its inputs' tasks
+            if holds[v]:
+                life[v] = max([life[v], *(life[x] for x in node.inputs)])
+        at: dict[int, list[int]] = {}
+        for v, n in enumerate(life):
+            at.setdefault(n, []).append(v)
+        return [len(readers[r]) > 1 for r in root], at
 
     # ------------------------------------------------------------ fetch
 
-    def fetch(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray) -> np.ndarray:
+    def fetch(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray,
+              k: bytes | None = None) -> np.ndarray:
         """Tasks holding box [lo, hi) of node u's value at machine w, one per row; ``pre``
-        orders the requests as lowering.py makes them (all of a node's reads of u at once)."""
+        orders the requests as lowering.py makes them (all of a node's reads of u at once);
+        ``k``: their ``key``, where the caller has it."""
         node = self.g.nodes[u]
         if isinstance(node, Fill):
             return self.constants(node.kind, node.dtype, lo, hi, w, pre * INNER)
-        rows = void_rows(np.concatenate([lo, hi, w[:, None]], axis=1))
-        uniq, first, inv = np.unique(rows, return_index=True, return_inverse=True)
-        inv = inv.ravel()
-        low = pre[first]
-        if len(uniq) < len(rows):
-            np.minimum.at(low, inv, pre)
-        if not self.shared[u]:
-            return self._fetch(u, lo[first], hi[first], w[first], low)[inv]
+        if k is None:
+            k = key(lo, hi, w, pre)
+        r = self.requests.get(k)
+        if r is None:
+            r = self.requests[k] = Requests(lo, hi, w, pre)
+        self.b.owner = u  # what _fetch adds to the index goes with u's tasks (``readers``)
+        try:
+            if not self.shared[u]:
+                return self._fetch(u, r.lo, r.hi, r.w, r.low, k)[r.inv]
+            return self.fetch_shared(u, r, k)
+        finally:
+            self.b.owner = None
+
+    def fetch_shared(self, u: int, r: Requests, k: bytes) -> np.ndarray:
+        """``fetch`` of a value that several nodes read: each read at most once over all of them.
+        Reads that are all u's blocks in place need no cache: they are those blocks' tasks."""
+        geo = self.geometry(u, r.lo, r.hi, r.w, r.low, k)
+        if geo.exact is not None:
+            return self.outs[u].task[geo.exact, 0][r.inv]
         cache = self.fetched.setdefault(u, {})
-        blob, width = uniq.tobytes(), uniq.dtype.itemsize
-        keys = [blob[j * width:(j + 1) * width] for j in range(len(uniq))]
-        got = np.array([cache.get(k, -1) for k in keys], dtype=np.int64)
+        keys = r.keys()
+        got = np.array([cache.get(b, -1) for b in keys], dtype=np.int64)
         miss = np.flatnonzero(got < 0)
         if len(miss):
-            f = first[miss]
-            got[miss] = self._fetch(u, lo[f], hi[f], w[f], low[miss])
+            sub = k if len(miss) == len(keys) else k + miss.tobytes()
+            got[miss] = self._fetch(u, r.lo[miss], r.hi[miss], r.w[miss], r.low[miss], sub)
             for j in miss.tolist():
                 self.b.remember(cache, keys[j], int(got[j]))
-        return got[inv]
+        return got[r.inv]
 
-    def _fetch(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray) -> np.ndarray:
+    def _fetch(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray,
+               where: bytes) -> np.ndarray:
+        """``fetch`` of distinct boxes; ``where`` identifies (lo, hi, w, pre) for the geometry's cache."""
         h = self.outs[u]
         node = self.g.nodes[u]
-        m, rank = lo.shape
-        kept = self.dt(h.kept)
-        bounds = [np.array(b, dtype=np.int64) for b in h.part.bounds]
-        firsts, lasts = [], []
-        for a in range(rank):
-            firsts.append(np.searchsorted(bounds[a], lo[:, a], "right") - 1)
-            lasts.append(np.searchsorted(bounds[a], hi[:, a], "left") - 1)
-        if h.task.shape[1] == 1 and h.kept == node.dtype:
-            # most reads are a producer block already at the reader's machine: that block's task
-            exact = np.ones(m, dtype=bool)
-            q = np.zeros(m, dtype=np.int64)
-            for a, c in enumerate(h.part.counts):
-                f = np.clip(firsts[a], 0, c - 1)
-                exact &= (lo[:, a] == bounds[a][f]) & (hi[:, a] == bounds[a][f + 1]) & (lasts[a] == f)
-                exact &= lo[:, a] < hi[:, a]  # an empty box reads nothing (a constant), as lowering.py
-                q = q * c + f
-            if exact.all() and (h.loc[q, 0] == w).all():
-                return h.task[q, 0]
-        # the producer blocks each box meets, per dimension, expanded row-major
-        row = np.arange(m)
-        qa: list[np.ndarray] = []
-        for a in range(rank):
-            first, last = firsts[a], lasts[a]
-            count = np.where(lo[:, a] < hi[:, a], np.maximum(last - first + 1, 0), 0)[row]
-            rep = np.repeat(np.arange(len(row)), count)
-            within = np.arange(len(rep)) - (np.cumsum(count) - count)[rep]
-            row = row[rep]
-            qa = [x[rep] for x in qa] + [first[row] + within]
-        n = len(row)
-        q = np.zeros(n, dtype=np.int64)
-        for a, c in enumerate(h.part.counts):
-            q = q * c + qa[a]
-        start = np.searchsorted(row, np.arange(m))
-        p = np.arange(n) - start[row]
-        blo, bhi = np.zeros((n, rank), dtype=np.int64), np.zeros((n, rank), dtype=np.int64)
-        for a in range(rank):
-            blo[:, a], bhi[:, a] = bounds[a][qa[a]], bounds[a][qa[a] + 1]
-        ilo, ihi = np.maximum(lo[row], blo), np.minimum(hi[row], bhi)
-        slo, shi, dst = ilo - blo, ihi - blo, ilo - lo[row]
-        whole = (slo == 0).all(axis=1) & (shi == bhi - blo).all(axis=1)
-        groups = h.task.shape[1] + 1
+        geo = self.geometry(u, lo, hi, w, pre, where)
+        if geo.exact is not None:
+            return h.task[geo.exact, 0]
         agg = node.op.agg if isinstance(node, EinsumNode) else None
-        if h.task.shape[1] == 1:
-            t, at, g = h.task[q, 0], h.loc[q, 0], np.zeros(n, dtype=np.int64)
-        else:
-            row, p, g, t, at, slo, shi, dst, whole = self.combine(h, q, row, p, slo, shi, dst, whole, w, pre,
-                                                                  groups, kept, agg)
-        # pieces that live on another machine move to the reader's
-        away = np.flatnonzero(at != w[row])
-        if len(away):
-            r = row[away]
-            keys = np.concatenate([t[away, None], slo[away], shi[away], at[away, None], w[r, None]], axis=1)
-            order = pre[r] * INNER + (p[away] * groups + g[away]) * 2 + 1
-            moved = self.b.emit(MOVE, keys, order, loc=w[r], src=at[away], dtype=kept,
-                                shape=self.b.shape_ids(shi[away] - slo[away]),
-                                aux=self.b.box_ids("move", None, slo[away], shi[away]), inputs=t[away, None],
-                                shared=self.shared[u])
-            t = t.copy()
-            t[away] = moved
-            shi = shi.copy()
-            shi[away] -= slo[away]
-            slo = slo.copy()
-            slo[away] = 0
-            whole = whole.copy()
-            whole[away] = True
-        # one whole piece of the right shape is the block itself; else a partial assembles them
-        n = len(row)
-        pieces = np.bincount(row, minlength=m)
-        first = np.minimum(np.searchsorted(row, np.arange(m)), max(n - 1, 0))
+        kept = self.dt(h.kept)
+        ids, shared = geo.ids, self.shared[u]
+        tasks = h.task.ravel()
+        t = tasks[geo.take]
+        for s in geo.sums:
+            if s.piece not in ids:
+                ids[s.piece] = self.b.shape_ids(np.array([s.size]))[0]
+            k = len(s.tasks)
+            t[s.piece] = self.partial(tasks[s.tasks].tolist(), [[0] * len(s.size)] * k, [s.size] * k,
+                                      [[0] * len(s.size)] * k, ids[s.piece], kept, agg, s.loc, 0.0, s.order)
+        if len(geo.away):
+            if "move" not in ids:
+                ids["move"] = (self.b.shape_ids(geo.move_size),
+                               self.b.box_ids("move", None, geo.move_slo, geo.move_shi))
+            shape, aux = ids["move"]
+            src = t[geo.away]
+            keys = np.concatenate([src[:, None], geo.move_keys], axis=1)
+            t[geo.away] = self.b.emit(MOVE, keys, geo.move_order, loc=keys[:, -1], src=keys[:, -2],
+                                      dtype=kept, shape=shape, aux=aux, inputs=src[:, None], shared=shared,
+                                      ids_at=(0,))
+        m = len(lo)
         out = np.full(m, -1, dtype=np.int64)
-        one = np.zeros(m, dtype=bool)
-        if n:
-            one = (pieces == 1) & whole[first] & ((shi - slo)[first] == hi - lo).all(axis=1)
-            out[one] = t[first[one]]
-        empty = np.flatnonzero(pieces == 0)
-        if len(empty):
-            size = hi[empty] - lo[empty]
-            out[empty] = self.constants(Constant(0.0), h.kept, np.zeros_like(size), size,
-                                        w[empty], pre[empty] * INNER + INNER - 2)
-        rest = np.flatnonzero((pieces > 0) & ~one)
-        if len(rest):
-            shapes = np.zeros(m, dtype=np.int64)
-            shapes[rest] = self.b.shape_ids(hi[rest] - lo[rest])
-            for c in np.unique(pieces[rest]).tolist():
-                f = rest[pieces[rest] == c]
-                j = first[f][:, None] + np.arange(c)
-                out[f] = self.partials(t[j], slo[j], shi[j], dst[j], shapes[f], kept, agg, w[f], 0.0,
-                                       pre[f] * INNER + INNER - 2, self.shared[u])
+        out[geo.one] = t[geo.one_piece]
+        if len(geo.empty):
+            e = geo.empty
+            size = hi[e] - lo[e]
+            out[e] = self.constants(Constant(0.0), h.kept, np.zeros_like(size), size, w[e],
+                                    pre[e] * INNER + INNER - 2, memo=ids.setdefault("empty", {}))
+        if geo.groups:
+            if "rest" not in ids:
+                rest = np.sort(np.concatenate([f for f, *_ in geo.groups]))  # interned in the uncached order
+                ids["rest"] = np.zeros(m, dtype=np.int64)
+                ids["rest"][rest] = self.b.shape_ids(hi[rest] - lo[rest])
+            shapes = ids["rest"]
+            for c, (f, j, slo, shi, dst) in enumerate(geo.groups):
+                order = pre[f] * INNER + INNER - 2
+                out[f] = self.partials(t[j], slo, shi, dst, shapes[f], kept, agg, w[f], 0.0, order, shared,
+                                       memo=ids.setdefault(("group", c), {}))
         if h.kept != node.dtype:  # the formed block: the wide partial sum rounds, once
-            out = self.cast(u, node.dtype, h.kept, out, hi - lo, w, pre * INNER + INNER - 1, self.shared[u])
+            out = self.cast(u, node.dtype, h.kept, out, hi - lo, w, pre * INNER + INNER - 1, shared,
+                            memo=ids.setdefault("cast", {}))
         return out
 
-    def combine(self, h: Held, q, row, p, slo, shi, dst, whole, w, pre, groups, kept, agg):
-        """Each piece's partial sums grouped by machine, the reader's first; a group of
-        several is summed where it lives (a partial) before it moves."""
-        cols: list[list] = [[] for _ in range(9)]
-        tasks, locs = h.task.tolist(), h.loc.tolist()
-        sl, sh, ds, wh = slo.tolist(), shi.tolist(), dst.tolist(), whole.tolist()
-        rows, ps = row.tolist(), p.tolist()
-        for i, qi in enumerate(q.tolist()):
-            wi = int(w[rows[i]])
-            by_loc: dict[int, list[int]] = {}
-            for ti, li in zip(tasks[qi], locs[qi], strict=True):
-                by_loc.setdefault(li, []).append(ti)
-            for gi, (li, ts) in enumerate(sorted(by_loc.items(), key=lambda item: item[0] != wi)):
-                lo_, hi_, whole_ = sl[i], sh[i], wh[i]
-                if len(ts) == 1:
-                    ti = ts[0]
-                else:
-                    shape = [b - a for a, b in zip(lo_, hi_, strict=True)]
-                    ti = self.partial(ts, [lo_] * len(ts), [hi_] * len(ts), [[0] * len(shape)] * len(ts),
-                                      self.b.shape_ids(np.array([shape]))[0], kept, agg, li, 0.0,
-                                      int(pre[rows[i]]) * INNER + (ps[i] * groups + gi) * 2)
-                    lo_, hi_, whole_ = [0] * len(shape), shape, True
-                for c, v in zip(cols, (rows[i], ps[i], gi, ti, li, lo_, hi_, ds[i], whole_), strict=True):
-                    c.append(v)
-        arr = [np.array(c, dtype=np.int64) for c in cols[:5]]
-        boxes = [np.array(c, dtype=np.int64).reshape(len(cols[0]), slo.shape[1]) for c in cols[5:8]]
-        return (*arr, *boxes, np.array(cols[8], dtype=bool))
+    def geometry(self, u: int, lo: np.ndarray, hi: np.ndarray, w: np.ndarray, pre: np.ndarray,
+                 where: bytes) -> Geometry:
+        """The geometry of a ``_fetch`` (geometry.py), cached by its producer's ``sig`` and ``where``."""
+        h, node = self.outs[u], self.g.nodes[u]
+        k = (h.sig, node.dtype, node.op.agg if isinstance(node, EinsumNode) else None, where)  # ids hold agg
+        geo = self.geometries.get(k)
+        if geo is None:
+            bounds = [np.array(b, dtype=np.int64) for b in h.part.bounds]
+            geo = self.geometries[k] = geometry(bounds, h.part.counts, h.loc, h.task.shape[1],
+                                                h.kept == node.dtype, lo, hi, w, pre)
+        return geo
 
     # ------------------------------------------------------------ rules per node kind
 
@@ -264,23 +251,35 @@ class _Lower(Assembler):
                 olo[:, a], ohi[:, a] = lo[:, d], hi[:, d]
         return olo, ohi
 
-    def fetch_all(self, requests: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> list:
-        """Run requests (u, lo, hi, w, pre) batched per producer, in ``pre`` order; ids per request."""
-        by_u: dict[int, list[int]] = {}
-        for i, (u, *_rest) in enumerate(requests):
-            by_u.setdefault(u, []).append(i)
-        out: list = [None] * len(requests)
-        for u, idx in by_u.items():
-            parts = [requests[i] for i in idx]
-            lo, hi, w, pre = (np.concatenate([r[j] for r in parts]) for j in range(1, 5))
-            ids = self.fetch(u, lo, hi, w, pre)
-            at = 0
-            for i, r in zip(idx, parts, strict=True):
-                out[i] = ids[at:at + len(r[3])]
-                at += len(r[3])
-        return out
-
     def einsum(self, nid: int, w: np.ndarray) -> Held:
+        node: EinsumNode = self.g.nodes[nid]
+        us, sp = node.inputs, self.plan.spaces[nid]
+        k = (self.plan.parts[nid], w.tobytes(), node.op, sp, tuple(self.g.nodes[u].shape for u in us),
+             tuple(us.index(u) for u in us))
+        e = self.einsums.get(k)
+        if e is None:
+            e = self.einsums[k] = self.operands(nid, w)
+        nb, nk = len(w), len(us)
+        args = np.empty((nb, nk), dtype=np.int64)
+        for ks, lo, hi, bw, pre, where in e.batches:  # the operands read from one producer, at once
+            args[:, ks] = self.fetch(us[ks[0]], lo, hi, bw, pre, where).reshape(len(ks), nb).T
+        if "ops" not in e.ids:  # interned after the fetches, as when nothing was cached
+            ops = np.zeros(nb, dtype=np.int64)
+            shapes = e.shapes
+            uniq, inv = (np.unique(shapes, axis=0, return_inverse=True) if shapes.shape[1]
+                         else (shapes[:1], ops))
+            for j, shape in enumerate(uniq.tolist()):
+                ops[inv.ravel() == j] = self.b.intern("aux", e.op.block(shape))
+            e.ids["ops"] = ops, self.dt(e.dtype), self.b.shape_ids(shapes[:, :e.op.out_rank])
+        ops, dt, shape = e.ids["ops"]
+        keys = np.concatenate([ops[:, None], args, w[:, None], np.full((nb, 1), nid)], axis=1)
+        ids = self.b.emit(APPLY, keys, e.order, loc=w, node=nid, dtype=dt, shape=shape, aux=ops, inputs=args,
+                          shared=False)
+        q = e.out.num_blocks
+        return Held(e.out, ids.reshape(q, nb // q), w.reshape(q, nb // q), e.dtype)
+
+    def operands(self, nid: int, w: np.ndarray) -> Operands:
+        """An einsum's blocks and what they read of each producer (``einsum`` caches it)."""
         node: EinsumNode = self.g.nodes[nid]
         part = self.plan.parts[nid]
         out = self.plan.out_partition(nid)
@@ -289,20 +288,15 @@ class _Lower(Assembler):
             op = replace(op, join=Cast("f32", op.join))  # partial sums: kept in f32 until formed
         lo, hi = grid(part)
         nb, nk = len(lo), len(node.inputs)
-        reqs = [(u, *self.reads(nid, k, lo, hi), w, np.arange(nb) * (nk + 1) + k)
-                for k, u in enumerate(node.inputs)]
-        args = np.stack(self.fetch_all(reqs), axis=1) if nk else np.zeros((nb, 0), dtype=np.int64)
-        shapes = hi - lo
-        ops = np.zeros(nb, dtype=np.int64)
-        uniq, inv = np.unique(shapes, axis=0, return_inverse=True) if shapes.shape[1] else (shapes[:1], ops)
-        for j, shape in enumerate(uniq.tolist()):
-            ops[inv.ravel() == j] = self.b.intern("aux", op.block(shape))
-        keys = np.concatenate([ops[:, None], args, w[:, None], np.full((nb, 1), nid)], axis=1)
-        ids = self.b.emit(APPLY, keys, (np.arange(nb) * (nk + 1) + nk) * INNER, loc=w, node=nid,
-                          dtype=self.dt(op.dtype), shape=self.b.shape_ids(shapes[:, :op.out_rank]), aux=ops,
-                          inputs=args, shared=False)
-        q = out.num_blocks
-        return Held(out, ids.reshape(q, nb // q), w.reshape(q, nb // q), op.dtype)
+        reads = [self.reads(nid, k, lo, hi) for k in range(nk)]
+        batches = []
+        for u in dict.fromkeys(node.inputs):  # in the order lowering.py reads them
+            ks = [k for k, v in enumerate(node.inputs) if v == u]
+            blo, bhi = (np.concatenate([reads[k][j] for k in ks]) for j in range(2))
+            bw = np.tile(w, len(ks))
+            pre = np.concatenate([np.arange(nb) * (nk + 1) + k for k in ks])
+            batches.append((ks, blo, bhi, bw, pre, key(blo, bhi, bw, pre)))
+        return Operands(out, op, op.dtype, hi - lo, batches, (np.arange(nb) * (nk + 1) + nk) * INNER)
 
     def single(self, nid: int, w: np.ndarray, make) -> Held:
         """A node whose output blocks are its space blocks, one task each."""
@@ -332,66 +326,19 @@ class _Lower(Assembler):
                 return self.outs[u]
             return self.single(nid, w, lambda lo, hi: self.fetch(u, lo, hi, w, np.arange(nb)))
         if isinstance(node, Select):
-            return self.single(nid, w, lambda lo, hi: self.select(node, lo, hi, w))
+            return self.single(nid, w, lambda lo, hi: self.select(node, self.plan.parts[nid], lo, hi, w))
         if isinstance(node, Reshape | ComplexView):
             def view(lo, hi):
                 src = self.fetch(node.inputs[0], *self.reads(nid, 0, lo, hi), w, np.arange(nb) * 2)
                 keys = np.stack([src, np.full(nb, self.dt(node.dtype)), self.b.shape_ids(hi - lo), w], axis=1)
-                return self.b.emit(VIEW, keys, (np.arange(nb) * 2 + 1) * INNER, loc=w, dtype=keys[:, 1],
-                                   shape=keys[:, 2], inputs=src[:, None], shared=self.shared[node.inputs[0]])
+                self.b.owner = node.inputs[0]
+                ids = self.b.emit(VIEW, keys, (np.arange(nb) * 2 + 1) * INNER, loc=w, dtype=keys[:, 1],
+                                  shape=keys[:, 2], inputs=src[:, None], shared=self.shared[node.inputs[0]],
+                                  ids_at=(0,))
+                self.b.owner = None
+                return ids
             return self.single(nid, w, view)
         raise TypeError(f"no lowering rule for {type(node).__name__}")
-
-    def select(self, node: Select, lo: np.ndarray, hi: np.ndarray, w: np.ndarray) -> np.ndarray:
-        """Each block reads the pieces that meet it (``Select.reads``, over all blocks at
-        once), then assembles them with the padding (a partial) unless one piece is all of it."""
-        nb, npieces = len(lo), len(node.pieces)
-        hit = np.zeros((nb, npieces), dtype=bool)
-        ilo = np.zeros((npieces, *lo.shape), dtype=np.int64)
-        ihi = np.zeros_like(ilo)
-        for n, p in enumerate(node.pieces):
-            box = np.array(p.dst_box, dtype=np.int64).reshape(-1, 2)
-            ilo[n], ihi[n] = np.maximum(lo, box[:, 0]), np.minimum(hi, box[:, 1])
-            hit[:, n] = (ilo[n] < ihi[n]).all(axis=1)
-        count = hit.sum(axis=1)
-        nr = int(count.max(initial=0)) + 1
-        slot = np.cumsum(hit, axis=1) - 1  # the read's place among its block's reads
-        got = np.zeros((nb, npieces), dtype=np.int64)
-        reqs, where = [], []
-        for n, p in enumerate(node.pieces):
-            b = np.flatnonzero(hit[:, n])
-            if len(b):
-                shift = np.array([s - d for d, (s, _) in zip(p.dst, p.src, strict=True)], dtype=np.int64)
-                u = node.inputs[p.input]
-                reqs.append((u, ilo[n][b] + shift, ihi[n][b] + shift, w[b], b * nr + slot[b, n]))
-                where.append((b, n))
-        for (b, n), ids in zip(where, self.fetch_all(reqs), strict=True):
-            got[b, n] = ids
-        shape = hi - lo
-        out = np.full(nb, -1, dtype=np.int64)
-        one = np.zeros(nb, dtype=bool)
-        if npieces:
-            first, rows = np.argmax(hit, axis=1), np.arange(nb)
-            one = (count == 1) & (ilo[first, rows] == lo).all(axis=1) & (ihi[first, rows] == hi).all(axis=1)
-            out[one] = got[one, first[one]]
-        dt = self.dt(node.dtype)
-        shapes = self.b.shape_ids(shape)
-        for c in np.unique(count[~one]).tolist():
-            f = np.flatnonzero((count == c) & ~one)
-            if c == 0:  # all padding
-                for b in f.tolist():
-                    out[b] = self.partial([], [], [], [], int(shapes[b]), dt, None, int(w[b]), node.pad,
-                                          (b * nr + nr - 1) * INNER)
-                continue
-            n = np.nonzero(hit[f])[1].reshape(len(f), c)  # the pieces each block reads, in order
-            fb = f[:, None]
-            ts = got[fb, n]
-            slo = np.zeros((len(f), c, lo.shape[1]), dtype=np.int64)
-            shi = ihi[n, fb] - ilo[n, fb]
-            dst = ilo[n, fb] - lo[fb]
-            out[f] = self.partials(ts, slo, shi, dst, shapes[f], dt, None, w[f], node.pad,
-                                   (f * nr + nr - 1) * INNER, any(self.shared[u] for u in node.inputs))
-        return out
 
 
 def lower_blocks(plan: Plan) -> CompactGraph:
@@ -399,19 +346,39 @@ def lower_blocks(plan: Plan) -> CompactGraph:
     if plan.cluster.cores != 1:
         raise PlanError(f"lower_blocks lowers plans with one core per machine (see machine_plan), "
                         f"given {plan.cluster}")
+    # lowering makes millions of small keys and tuples that it keeps, and almost no cycles: the
+    # collector's passes over them cost a fifth of the time (Llama-7B at 32 machines), for nothing
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _lower_blocks(plan)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _lower_blocks(plan: Plan) -> CompactGraph:
     g = plan.graph
     lw = _Lower(plan)
     live = g.live()
+    outs = set(g.outputs.values())
     for nid, node in enumerate(g.nodes):
-        if not live[nid] or (isinstance(node, Fill) and nid not in g.outputs.values()):
-            continue  # fills are made where they are read
-        held = lw.rule(nid, np.asarray(plan.where(nid), dtype=np.int64))
-        remap = lw.b.finish()
-        held.task = remap(held.task)
-        lw.outs[nid] = held
+        if live[nid] and not (isinstance(node, Fill) and nid not in outs):  # fills are made where read
+            held = lw.rule(nid, np.asarray(plan.where(nid), dtype=np.int64))
+            remap = lw.b.finish()
+            held.task = remap(held.task)
+            if held.sig < 0:
+                sig = (held.part, held.loc.shape, held.loc.tobytes(), held.kept)
+                held.sig = lw.sigs.setdefault(sig, len(lw.sigs))
+            lw.outs[nid] = held
+        for u in lw.release_at.pop(nid, ()):
+            lw.b.release(u)
+            lw.fetched.pop(u, None)
     outputs = {}
     for name, nid in g.outputs.items():
         node, held = g.nodes[nid], lw.outs[nid]
-        blocks = tuple((int(held.task[q, 0]), box) for q, box in enumerate(held.part.boxes()))
+        blocks = tuple(zip(held.task[:, 0].tolist(), held.part.boxes(), strict=True))
         outputs[name] = Output(node.shape, node.dtype, blocks)
-    return prune(lw.b.graph(outputs))
+    builder = lw.b
+    del lw  # its caches and the nodes' blocks, before the arrays are joined: the peak of lowering
+    return prune(builder.graph(outputs))
