@@ -6,7 +6,7 @@ import random
 from dataclasses import replace
 
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import einsummable as es
@@ -63,6 +63,17 @@ def test_refined_shares_run_per_machine_give_the_reference_results(seed, shape):
     for name, array in want.items():
         assert got[name].dtype == array.dtype, name
         np.testing.assert_allclose(got[name], array, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+@example(3736)  # partial sums of a piece away from their block's origin were summed from the origin
+def test_machine_level_graphs_of_random_two_level_plans_are_lowering_pys(seed):
+    rng = random.Random(seed)
+    g, _ = random_graph(rng, n_ops=rng.randint(1, 10))
+    mp = machine_plan(two_level(rng, g.ir, 2, 2))
+    got, want = lower_blocks(mp).to_taskgraph(), lower(mp)
+    assert got.tasks == want.tasks and got.outputs == want.outputs
 
 
 @settings(max_examples=20, deadline=None)
