@@ -23,6 +23,7 @@ from einsummable.ir.dtypes import canonical
 from einsummable.ir.fuse import fuse
 from einsummable.ir.graph import EinGraph, InputNode
 from einsummable.lower.lowering import lower
+from einsummable.lower.refine import machine_shares
 from einsummable.lower.taskgraph import TaskGraph
 from einsummable.plan.plan import Plan
 from einsummable.plan.planners import make_plan
@@ -50,9 +51,17 @@ class Program:
         self.graph = graph
         self.engine = engine
         self.plan = plan
-        self.taskgraph = taskgraph
+        self._taskgraph = taskgraph
         self.executor = executor
         self.variables = graph.variables()
+
+    @property
+    def taskgraph(self) -> TaskGraph | None:
+        """The core-level TaskGraph; built here on first use for a Ray program over several
+        machines, which lowers only the machine-level graph (each machine lowers its own share)."""
+        if self._taskgraph is None and self.plan is not None:
+            self._taskgraph = lower(self.plan)
+        return self._taskgraph
 
     def run(self, feeds: Mapping[str, object], like: str | None = None,
             trace: str | Path | None = None) -> dict[str, object]:
@@ -250,14 +259,17 @@ def _local(graph: EinGraph, tg: TaskGraph | None) -> Executor:
     return local.LocalProgram(tg)
 
 
-def _ray(graph: EinGraph, tg: TaskGraph | None, address: str | None = None) -> Executor:
+def _ray(graph: EinGraph, tg: TaskGraph | None, address: str | None = None,
+         plan: Plan | None = None) -> Executor:
+    """On several machines (``plan``, ``tg`` None) each actor gets its share of the machine-level graph."""
     try:  # Ray is an optional extra: import it only when asked for
         from einsummable.engines.ray import RayProgram
+        from einsummable.engines.ray.layout import two_level
     except ModuleNotFoundError as err:
         if err.name != "ray":
             raise
         raise EinsummableError("engine='ray' needs Ray: pip install 'einsummable[ray]'") from err
-    return RayProgram(tg, address)
+    return RayProgram(two_level(*machine_shares(plan)) if tg is None else tg, address)
 
 
 def _simulate(graph: EinGraph, tg: TaskGraph | None) -> None:
@@ -322,5 +334,7 @@ def compile(
     if engine in WHOLE:
         return Program(ir, engine, ENGINES[engine](ir, None))
     plan = make_plan(fuse(ir), hardware, planner)  # the oracle, above, runs the graph unfused
+    if engine == "ray" and plan.levels is not None and hardware.machines > 1:
+        return Program(ir, engine, _ray(ir, None, address, plan), plan)  # no core-level graph here
     taskgraph = lower(plan)
     return Program(ir, engine, ENGINES[engine](ir, taskgraph, **options), plan, taskgraph)

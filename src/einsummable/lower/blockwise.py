@@ -191,7 +191,8 @@ class _Lower(Selects):
             if s.piece not in ids:
                 ids[s.piece] = self.b.shape_ids(np.array([s.size]))[0]
             k = len(s.tasks)
-            t[s.piece] = self.partial(tasks[s.tasks].tolist(), [[0] * len(s.size)] * k, [s.size] * k,
+            top = [a + n for a, n in zip(s.lo, s.size, strict=True)]
+            t[s.piece] = self.partial(tasks[s.tasks].tolist(), [s.lo] * k, [top] * k,
                                       [[0] * len(s.size)] * k, ids[s.piece], kept, agg, s.loc, 0.0, s.order)
         if len(geo.away):
             if "move" not in ids:

@@ -96,7 +96,8 @@ class Sum:
 
     piece: int
     tasks: np.ndarray  # [k] indices into the producer's task.ravel()
-    size: list[int]  # the piece's shape
+    lo: list[int]  # the piece's box in the producer's block: lo and shape
+    size: list[int]
     loc: int
     order: int
 
@@ -226,7 +227,7 @@ def _combine(task_loc, q, row, p, slo, shi, dst, whole, w, pre, groups):
             if len(ts) > 1:
                 take = -1
                 shape = [b - a for a, b in zip(lo_, hi_, strict=True)]
-                sums.append(Sum(len(cols[0]), np.array(ts, dtype=np.int64), shape, li,
+                sums.append(Sum(len(cols[0]), np.array(ts, dtype=np.int64), lo_, shape, li,
                                 int(pre[rows[i]]) * INNER + (ps[i] * groups + gi) * 2))
                 lo_, hi_, whole_ = [0] * len(shape), shape, True
             for c, v in zip(cols, (rows[i], ps[i], gi, take, li, lo_, hi_, ds[i], whole_), strict=True):

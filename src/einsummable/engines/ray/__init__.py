@@ -1,6 +1,6 @@
 """The Ray engine: one long-lived actor per planned machine, pinned to its Ray node.
 
-Inputs: a TaskGraph, checked feeds and run-time variables, as for the local engine.
+Inputs: a TaskGraph (or a ``Layout``), checked feeds and run-time variables, as for the local engine.
 Outputs: arrays, or ``RayBlocks`` (blocks left inside the actors) for carried outputs.
 
 Where things live:
@@ -8,7 +8,10 @@ Where things live:
   first); its actor is created there with
   ``NodeAffinitySchedulingStrategy(node, soft=False)`` and ``num_cpus=0`` (the
   plan, not Ray, decides how many cores the machine's workers use). Every program
-  of this driver reuses these actors; a program ships its TaskGraph to them once.
+  of this driver reuses these actors; a program ships them its TaskGraph once, or on
+  several machines each actor its share of the machine-level graph, which the actor
+  lowers to its cores (layout.py, lower/refine.py): the driver never builds the
+  core-level graph of the cluster.
 - Inside an actor the local engine runs the machine's tasks: its step closures
   (``local.PREPARE``) on the shared dependency loop (``scheduler.run``), one thread
   per core of the plan (worker ``w`` is thread ``w % cores``) plus one that

@@ -1,10 +1,12 @@
 """A planned machine as a Ray actor: its share of each program, its resident blocks, its mailbox.
 
 Inside the actor the local engine's step closures (``local.PREPARE``) run the
-machine's tasks with the shared dependency loop (``scheduler.run``): one thread per
-core computes (and sends), one more receives. Moves between the machine's cores are
-views of blocks in the actor's memory, as in the local engine; blocks for other
-machines are handed to their actors directly (``deliver``).
+machine's tasks (of a whole TaskGraph, or of its share of a two-level plan, which
+the actor lowers to its cores: engines/machine.py) with the shared dependency loop
+(``scheduler.run``): one thread per core computes (and sends), one more receives.
+Moves between the machine's cores are views of blocks in the actor's memory, as in
+the local engine; blocks for other machines are handed to their actors directly
+(``deliver``).
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import ray
 
 from einsummable.engines import local, native, scheduler
 from einsummable.engines.blocks import Blocks
+from einsummable.engines.machine import MachinePart
 from einsummable.errors import EngineError
 from einsummable.ir.box import slices
+from einsummable.lower.refine import Share, refine
 from einsummable.lower.taskgraph import MoveTask, TaskGraph
 
 
@@ -139,10 +143,14 @@ class Machine:
         self.peers: dict[str, list] = {}
         self.store: dict[tuple, np.ndarray] = {}
 
-    def setup(self, pid: str, program: tuple[TaskGraph, list[float]], me: int, peers: list,
+    def setup(self, pid: str, program: tuple[TaskGraph, list[float]] | Share, me: int, peers: list,
               cpus: int) -> str:
-        tg, rank = program
-        self.parts[pid] = _Part(tg, me, rank, cpus)
+        """Make this machine's part: of a whole TaskGraph, or its share, lowered here to its cores."""
+        if isinstance(program, Share):
+            self.parts[pid] = MachinePart(refine(program), cpus)
+        else:
+            tg, rank = program
+            self.parts[pid] = _Part(tg, me, rank, cpus)
         self.peers[pid] = peers
         return ray.get_runtime_context().get_node_id()
 

@@ -18,14 +18,13 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from einsummable.engines import local
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.engines.ray.actor import Machine
+from einsummable.engines.ray.layout import Layout, whole
 from einsummable.engines.ray.nodes import connect, nodes
 from einsummable.errors import EngineError
-from einsummable.ir import priority
 from einsummable.ir.box import Box, intersect, slices, within
-from einsummable.lower.taskgraph import InputTask, TaskGraph
+from einsummable.lower.taskgraph import TaskGraph
 
 TIMEOUT = 3600.0  # seconds a run may take before it is abandoned with an error
 START_TIMEOUT = 120.0  # seconds to create and set up the actors
@@ -96,25 +95,21 @@ def _forget(actors: list, pid: str) -> None:
 
 
 class RayProgram:
-    """A TaskGraph set up on the machine actors once, then run many times."""
+    """A TaskGraph (or a two-level plan's shares: layout.py) set up on the machine actors once,
+    then run many times."""
 
-    def __init__(self, tg: TaskGraph, address: str | None = None, timeout: float = TIMEOUT) -> None:
+    def __init__(self, tg: TaskGraph | Layout, address: str | None = None, timeout: float = TIMEOUT) -> None:
         connect(address)
-        self.tg, self.timeout = tg, timeout
-        self.machines = tg.workers // tg.cores
+        self.layout = tg if isinstance(tg, Layout) else whole(tg)
+        self.timeout = timeout
+        self.machines = self.layout.machines
         self.pid = uuid.uuid4().hex[:12]
         hosts = nodes(self.machines)
         self.nodes = [n["NodeID"] for n in hosts]
         self.cpus = [int(n["Resources"]["CPU"]) for n in hosts]
-        tasks = tg.tasks
-        rank = priority.ranks([t.inputs for t in tasks], [local.task_cost(t) for t in tasks])
-        self._program = ray.put((tg, rank))
-        self.inputs = defaultdict(list)  # machine -> [(name, box, dtype)] of the graph inputs it reads
-        for task in tasks:
-            if isinstance(task, InputTask):
-                wanted = self.inputs[tg.machine_of(task.loc)]
-                if (task.name, task.box, task.dtype) not in wanted:
-                    wanted.append((task.name, task.box, task.dtype))
+        refs: dict[int, object] = {}  # one put per payload: a whole TaskGraph is shared by every actor
+        self._programs = [refs.setdefault(id(p), ray.put(p)) for p in self.layout.payloads]
+        self.inputs = defaultdict(list, self.layout.inputs)  # machine -> [(name, box, dtype)] it reads
         self.actors: list = [None] * self.machines
         self.generation = [0] * self.machines
         self.lost: set[int] = set(range(self.machines))
@@ -140,7 +135,7 @@ class RayProgram:
                     scheduling_strategy=NodeAffinitySchedulingStrategy(slot[1], soft=False)).remote()
             self.actors[m] = _ACTORS[slot]
             self.generation[m] += 1
-        calls = [self.actors[m].setup.remote(self.pid, self._program, m, self.actors, self.cpus[m])
+        calls = [self.actors[m].setup.remote(self.pid, self._programs[m], m, self.actors, self.cpus[m])
                  if m in self.lost
                  else self.actors[m].set_peers.remote(self.pid, self.actors) for m in range(self.machines)]
         try:
@@ -174,9 +169,9 @@ class RayProgram:
         inputs, sends = self._feeds(feeds)
         fetch: dict[int, list[int]] = defaultdict(list)
         stores: dict[int, list[tuple[int, tuple]]] = defaultdict(list)
-        for name, out in self.tg.outputs.items():
+        for name, out in self.layout.outputs.items():
             for t, box in out.blocks:
-                m = self.tg.machine_of(self.tg.tasks[t].loc)
+                m = int(self.layout.machine[t])
                 if name in carry:
                     stores[m].append((t, (self.pid, run, name, box)))
                 elif t not in fetch[m]:
@@ -191,9 +186,9 @@ class RayProgram:
             raise EngineError(failure)
         values = {t: block for _, blocks in results.values() for t, block in blocks.items()}
         result: dict[str, np.ndarray | Blocks] = {}
-        for name, out in self.tg.outputs.items():
+        for name, out in self.layout.outputs.items():
             if name in carry:
-                machine = [self.tg.machine_of(self.tg.tasks[t].loc) for t, _ in out.blocks]
+                machine = [int(self.layout.machine[t]) for t, _ in out.blocks]
                 where = {box: (m, self.generation[m], (self.pid, run, name, box))
                          for m, (_, box) in zip(machine, out.blocks, strict=True)}
                 result[name] = RayBlocks(self, name, out.shape, out.dtype, where)
@@ -277,10 +272,10 @@ class RayProgram:
     def _failure(self, dead: dict, results: dict, hung: list[int]) -> str:
         lines = []
         for m, err in sorted(dead.items()):
-            mine = [t for t, task in enumerate(self.tg.tasks) if self.tg.machine_of(task.loc) == m]
-            shown = ", ".join(f"%{t} ({self.tg.tasks[t].describe()})" for t in mine[:6])
+            mine = np.flatnonzero(self.layout.machine == m).tolist()
+            shown = ", ".join(f"%{t} ({self.layout.describe(t)})" for t in mine[:6])
             more = f" and {len(mine) - 6} more" if len(mine) > 6 else ""
-            first, last = m * self.tg.cores, (m + 1) * self.tg.cores - 1
+            first, last = m * self.layout.cores, (m + 1) * self.layout.cores - 1
             lines.append(f"machine {m} (workers {first}..{last}, Ray actor on node {self.nodes[m][:8]}) died "
                          f"during the run; its {len(mine)} task(s) and their blocks are lost: "
                          f"{shown}{more} [{type(err).__name__}]")

@@ -1,0 +1,132 @@
+"""Each machine lowers its share of the machine-level graph to its cores (lower/refine.py), and
+the machines, run in one process (engines/machine.py: the Ray actors' loop without Ray), give
+the reference engine's results."""
+
+import random
+from dataclasses import replace
+
+import numpy as np
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import einsummable as es
+from einsummable.engines import local, reference
+from einsummable.engines.feeds import check_feeds
+from einsummable.engines.machine import run_machines
+from einsummable.hardware.cluster import Cluster
+from einsummable.ir.fuse import fuse
+from einsummable.lower.blockwise import lower_blocks
+from einsummable.lower.cluster import levels, machine_plan
+from einsummable.lower.lowering import lower
+from einsummable.lower.refine import machine_shares, refine, split
+from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, PartialTask
+from einsummable.plan.plan import build
+from einsummable.plan.planners import make_plan
+from einsummable.plan.space import spaces
+from einsummable.plan.twolevel import TwoLevel
+from graphgen import random_graph, random_partitions
+
+
+def two_level(rng: random.Random, g, machines: int, cores: int, within: bool = True):
+    """A plan with random counts across machines (``cm``) and within them (``cc``)."""
+    sps = spaces(g)
+    plan = build(g, Cluster(machines=machines, cores=cores), random_partitions(g, rng))
+    cm = tuple(tuple(rng.randint(1, min(3, n)) if ok and n > 1 else 1
+                     for n, ok in zip(sp.shape, sp.splittable, strict=True)) for sp in sps)
+    cc = tuple(tuple(rng.randint(1, max(1, min(3, n // a))) if within and ok and n > 1 else 1
+                     for n, a, ok in zip(sp.shape, c, sp.splittable, strict=True)) for sp, c in zip(sps, cm,
+                                                                                                   strict=True))
+    return replace(plan, levels=TwoLevel(cm, cc))
+
+
+def shares_of(plan):
+    cg = lower_blocks(machine_plan(plan))
+    shares = split(cg, levels(plan).cc, plan.cluster.cores)
+    assert [s.ids.tolist() for s in machine_shares(plan)[1]] == [s.ids.tolist() for s in shares]
+    for share in shares:  # the share's rows are the graph's tasks
+        assert share.tasks == tuple(cg.task(t) for t in share.ids.tolist())
+    return cg, shares
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([(2, 2), (3, 2), (2, 3)]))
+def test_refined_shares_run_per_machine_give_the_reference_results(seed, shape):
+    rng = random.Random(seed)
+    g, feeds = random_graph(rng, n_ops=rng.randint(1, 10))
+    plan = two_level(rng, g.ir, *shape)
+    cg, shares = shares_of(plan)
+    for share in shares:
+        refine(share).graph.validate()  # every input where its task runs; moves inside the machine
+    got = run_machines(shares, cg.outputs, feeds)
+    want = reference.run(g.ir, feeds)
+    assert got.keys() == want.keys()
+    for name, array in want.items():
+        assert got[name].dtype == array.dtype, name
+        np.testing.assert_allclose(got[name], array, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+@example(3736)  # partial sums of a piece away from their block's origin were summed from the origin
+def test_machine_level_graphs_of_random_two_level_plans_are_lowering_pys(seed):
+    rng = random.Random(seed)
+    g, _ = random_graph(rng, n_ops=rng.randint(1, 10))
+    mp = machine_plan(two_level(rng, g.ir, 2, 2))
+    got, want = lower_blocks(mp).to_taskgraph(), lower(mp)
+    assert got.tasks == want.tasks and got.outputs == want.outputs
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_with_one_core_per_machine_refinement_is_the_identity(seed):
+    rng = random.Random(seed)
+    g, _ = random_graph(rng, n_ops=rng.randint(1, 10))
+    _, shares = shares_of(two_level(rng, g.ir, 2, 1, within=False))
+    for share in shares:
+        refined = refine(share)
+        assert len(refined.graph) == len(share)  # a task each: no views, no assembly
+        for task, mine in zip(refined.graph.tasks, share.tasks, strict=True):
+            crossing = isinstance(mine, MoveTask) and mine.src != mine.loc
+            assert isinstance(task, MoveTask | InputTask) if crossing else type(task) is type(mine)
+            if isinstance(mine, ApplyTask):
+                assert task.op == mine.op
+            if isinstance(mine, PartialTask):
+                assert (task.pieces, task.agg, task.pad) == (mine.pieces, mine.agg, mine.pad)
+
+
+def test_a_share_holds_the_machines_tasks_and_the_moves_across_only():
+    rng = random.Random(3)
+    g, _ = random_graph(rng, n_ops=10)
+    cg, shares = shares_of(two_level(rng, g.ir, 3, 2))
+    for share in shares:
+        m = share.machine
+        assert all(t.loc == m or (isinstance(t, MoveTask) and t.src == m) for t in share.tasks)
+    # every task on exactly one machine; every move across machines in two shares (send and receive)
+    moves = sum(isinstance(t, MoveTask) for s in shares for t in s.tasks) // 2
+    assert sum(len(s) for s in shares) - moves == len(cg)
+
+
+def test_llama_training_step_per_machine_is_as_close_to_the_reference_as_the_local_engine():
+    """2 machines x 2 cores: the machines' results against the reference engine, no farther
+    than the local engine running the core-level graph (partial sums meet in another order)."""
+    from einsummable.models.llama import model as llama
+
+    cfg = llama.PRESETS["demo"]
+    g, p, loss = llama.loss_graph(cfg, 16, 64)
+    step = es.train.adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
+    params = llama.init_params(cfg, seed=0)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (16, 65)).astype(np.int64)
+    ir = g.ir
+    arrays, variables = check_feeds(ir, params | step.init_state(params) | {"tokens": tokens, "lr": 3e-3},
+                                    variables=ir.variables())
+    plan = make_plan(fuse(ir), es.Cluster(machines=2, cores=2))
+    assert any(max(c) > 1 for c in levels(plan).cc)  # the machines cut their blocks over their cores
+    cg, shares = shares_of(plan)
+    want = reference.run(ir, arrays, variables)
+    got = run_machines(shares, cg.outputs, arrays, variables)
+    here = local.run(lower(plan), arrays, variables)
+    for name, array in want.items():
+        ours = np.max(np.abs(got[name].astype(np.float64) - array))
+        theirs = np.max(np.abs(here[name].astype(np.float64) - array))
+        assert ours <= 2 * theirs + 1e-6, (name, ours, theirs)
+        np.testing.assert_allclose(got[name], array, rtol=1e-3, atol=1e-3, err_msg=name)
