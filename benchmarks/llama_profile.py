@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import statistics
 import threading
 import time
+import types
 
 import numpy as np
 
 from common import add_llama_arguments
-from einsummable.engines import cbuild, kernels, local, native
+from einsummable.engines import cbuild, gemm, kernels, local, native
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.expr import variables_used
 from einsummable.lower.taskgraph import ApplyTask, PartialTask
@@ -29,13 +31,15 @@ from llama_block import hf_model
 
 
 def kind(task) -> str:
+    """The task's op class: GEMM, elementwise join or reduction (compiled C or numpy), moves."""
     if isinstance(task, ApplyTask):
         op = task.op
         if op.is_contraction() and kernels._inner_size(op) > kernels.TINY_INNER:
             return "GEMM (BLAS)"
         body = kernels.prepare(op)
         compiled = any(isinstance(c.cell_contents, native._Compiled) for c in _cells(body))
-        return "join, compiled C" if compiled else "join/reduce, numpy"
+        what = "reduction" if op.agg else "elementwise"
+        return f"{what}, compiled C" if compiled else f"{what}, numpy"
     return "partial (sums, assembly)" if isinstance(task, PartialTask) else "input/move/view/fill"
 
 
@@ -57,6 +61,8 @@ def main() -> None:
     parser.add_argument("--ab", action="store_true", help="compiled against numpy kernels, alternating")
     parser.add_argument("--per-op", action="store_true",
                         help="each compiled join of the step against its numpy kernel, on its own")
+    parser.add_argument("--gemms", action="store_true",
+                        help="each GEMM block op of the step on its own, on one BLAS thread: its GF/s")
     args = parser.parse_args()
     _, cfg, params = hf_model(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate,
                               args.vocab)
@@ -66,6 +72,8 @@ def main() -> None:
         return ab(cfg, params, tcfg, data, args)
     if args.per_op:
         return per_op(cfg, params, tcfg, data, args)
+    if args.gemms:
+        return gemms(cfg, params, tcfg, data, args)
     busy: dict[str, float] = collections.defaultdict(float)
     lock = threading.Lock()
     original = local.LocalProgram.__init__
@@ -73,6 +81,8 @@ def main() -> None:
     def timed_init(self, tg):
         original(self, tg)
         kinds = [kind(t) for t in tg.tasks]
+        fused = getattr(self, "fused", {})  # a GEMM's task that runs its epilogue join too
+        kinds = [k + " + epilogue" if i in fused else k for i, k in enumerate(kinds)]
 
         def wrap(step, k):
             def run(*a):
@@ -89,14 +99,44 @@ def main() -> None:
     trainer = Trainer(cfg, params, tcfg, data, workers=args.workers)
     trainer.train_step()  # warm-up
     busy.clear()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        trainer.train_step()
-    wall = (time.perf_counter() - start) / args.steps
-    total = sum(busy.values()) / args.steps
-    print(f"workers {args.workers}: step {wall:.3f} s wall, {total:.3f} s busy over the workers")
-    for k, t in sorted(busy.items(), key=lambda kv: -kv[1]):
-        print(f"  {k:<26} {t / args.steps:8.3f} s  {100 * t / args.steps / total:5.1f}%")
+    with _timed_matmul() as in_matmul:
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            trainer.train_step()
+        wall = (time.perf_counter() - start) / args.steps
+    rows = {k: t / args.steps for k, t in busy.items()}
+    gemm = sum(t for k, t in rows.items() if k.startswith("GEMM"))
+    matmul = in_matmul[0] / args.steps
+    rows["  of which np.matmul"] = matmul
+    rows["  of which copies, casts, sums"] = gemm - matmul
+    rows["engine overhead + idle"] = args.workers * wall - sum(busy.values()) / args.steps
+    print(f"workers {args.workers}: step {wall:.3f} s wall x {args.workers} = {args.workers * wall:.3f} "
+          f"worker-seconds (median of {args.steps} is not taken: mean)")
+    for k, t in sorted(rows.items(), key=lambda kv: (kv[0].startswith("  "), -kv[1])):
+        print(f"  {k:<34} {t:8.3f} s  {100 * t / (args.workers * wall):5.1f}%")
+
+
+@contextlib.contextmanager
+def _timed_matmul():
+    """Time every ``np.matmul`` the GEMM kernels call (summed over threads), to split a GEMM
+    task's time into BLAS and the copies around it."""
+    total = [0.0]
+    lock = threading.Lock()
+    matmul = np.matmul
+
+    def timed(*a, **k):
+        start = time.perf_counter()
+        out = matmul(*a, **k)
+        with lock:
+            total[0] += time.perf_counter() - start
+        return out
+
+    gemm.np = types.SimpleNamespace(**{n: getattr(np, n) for n in dir(np) if not n.startswith("__")})
+    gemm.np.matmul = timed
+    try:
+        yield total
+    finally:
+        gemm.np = np
 
 
 def ab(cfg, params, tcfg, data, args) -> None:
@@ -171,6 +211,43 @@ def per_op(cfg, params, tcfg, data, args) -> None:
     print(f"{sum(ops.values())} compiled join tasks ({len(ops)} block ops): "
           f"compiled {total['compiled']:.3f} s, numpy {total['numpy']:.3f} s a step, "
           f"numpy/compiled = {total['numpy'] / total['compiled']:.2f}")
+
+
+def gemms(cfg, params, tcfg, data, args) -> None:
+    """Every GEMM block op of the step timed alone on one BLAS thread (best of 3, random inputs),
+    weighted by how many tasks run it: which shapes keep BLAS from its peak."""
+    from threadpoolctl import threadpool_limits
+
+    ops: collections.Counter = collections.Counter()
+    original = local.LocalProgram.__init__
+
+    def collect(self, tg):
+        original(self, tg)
+        ops.update(t.op for t in tg.tasks if isinstance(t, ApplyTask) and kind(t) == "GEMM (BLAS)")
+
+    local.LocalProgram.__init__ = collect
+    Trainer(cfg, params, tcfg, data, workers=args.workers)
+    rng = np.random.default_rng(0)
+    rows = []
+    with threadpool_limits(1, "blas"):
+        for op, count in ops.items():
+            arrays = [rng.standard_normal([op.join_shape[i] for i in idx]).astype(to_numpy(d))
+                      for idx, d in zip(op.inputs, op.dtypes, strict=True)]
+            k = kernels.prepare(op)
+            best = min(_seconds(k, arrays) for _ in range(3))
+            rows.append((count * best, count, best, op.flops() / best, op))
+    total = sum(r[0] for r in rows)
+    flops = sum(r[1] * r[4].flops() for r in rows)
+    print(f"{sum(ops.values())} GEMM tasks, {len(ops)} block ops: {total:.3f} s on one thread, "
+          f"{flops / 1e9:.1f} GFLOP, {flops / total / 1e9:.1f} GF/s")
+    for t, count, best, rate, op in sorted(rows, key=lambda r: -r[0])[:25]:
+        print(f"  {t:7.3f} s  {count:4d} x {best * 1e3:7.2f} ms  {rate / 1e9:6.1f} GF/s  {op}")
+
+
+def _seconds(k, arrays) -> float:
+    start = time.perf_counter()
+    k(arrays, None)
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":
