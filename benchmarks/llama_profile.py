@@ -22,7 +22,7 @@ import types
 import numpy as np
 
 from common import add_llama_arguments
-from einsummable.engines import cbuild, gemm, kernels, local, native
+from einsummable.engines import cbuild, epilogue, gemm, kernels, local, native
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.expr import variables_used
 from einsummable.lower.taskgraph import ApplyTask, PartialTask
@@ -61,6 +61,9 @@ def main() -> None:
     parser.add_argument("--ab", action="store_true", help="compiled against numpy kernels, alternating")
     parser.add_argument("--per-op", action="store_true",
                         help="each compiled join of the step against its numpy kernel, on its own")
+    parser.add_argument("--ab-epilogue", action="store_true",
+                        help="with GEMM epilogues against without (engines/epilogue.py), alternating")
+    parser.add_argument("--top", type=int, default=0, help="list the costliest non-GEMM block ops")
     parser.add_argument("--gemms", action="store_true",
                         help="each GEMM block op of the step on its own, on one BLAS thread: its GF/s")
     args = parser.parse_args()
@@ -70,35 +73,41 @@ def main() -> None:
     data = np.random.default_rng(2).integers(0, cfg.vocab_size, 1 << 20)
     if args.ab:
         return ab(cfg, params, tcfg, data, args)
+    if args.ab_epilogue:
+        return ab_epilogue(cfg, params, tcfg, data, args)
     if args.per_op:
         return per_op(cfg, params, tcfg, data, args)
     if args.gemms:
         return gemms(cfg, params, tcfg, data, args)
     busy: dict[str, float] = collections.defaultdict(float)
+    by_op: dict[str, float] = collections.defaultdict(float)
     lock = threading.Lock()
     original = local.LocalProgram.__init__
 
     def timed_init(self, tg):
         original(self, tg)
         kinds = [kind(t) for t in tg.tasks]
-        fused = getattr(self, "fused", {})  # a GEMM's task that runs its epilogue join too
-        kinds = [k + " + epilogue" if i in fused else k for i, k in enumerate(kinds)]
+        for j in getattr(self, "fused", {}):  # a join's task that runs its GEMM first (engines/epilogue.py)
+            kinds[j] = "GEMM (BLAS) + epilogue join"
 
-        def wrap(step, k):
+        def wrap(step, k, what):
             def run(*a):
                 start = time.perf_counter()
                 out = step(*a)
                 with lock:
                     busy[k] += time.perf_counter() - start
+                    by_op[what] += time.perf_counter() - start
                 return out
             return run
 
-        self.steps = [wrap(s, k) for s, k in zip(self.steps, kinds, strict=True)]
+        self.steps = [wrap(s, k, f"{k}: {t.op if isinstance(t, ApplyTask) else type(t).__name__} {t.shape}")
+                      for s, k, t in zip(self.steps, kinds, tg.tasks, strict=True)]
 
     local.LocalProgram.__init__ = timed_init
     trainer = Trainer(cfg, params, tcfg, data, workers=args.workers)
     trainer.train_step()  # warm-up
     busy.clear()
+    by_op.clear()
     with _timed_matmul() as in_matmul:
         start = time.perf_counter()
         for _ in range(args.steps):
@@ -108,12 +117,17 @@ def main() -> None:
     gemm = sum(t for k, t in rows.items() if k.startswith("GEMM"))
     matmul = in_matmul[0] / args.steps
     rows["  of which np.matmul"] = matmul
-    rows["  of which copies, casts, sums"] = gemm - matmul
+    rows["  of which copies, casts, sums, epilogues"] = gemm - matmul
     rows["engine overhead + idle"] = args.workers * wall - sum(busy.values()) / args.steps
     print(f"workers {args.workers}: step {wall:.3f} s wall x {args.workers} = {args.workers * wall:.3f} "
           f"worker-seconds (median of {args.steps} is not taken: mean)")
     for k, t in sorted(rows.items(), key=lambda kv: (kv[0].startswith("  "), -kv[1])):
         print(f"  {k:<34} {t:8.3f} s  {100 * t / (args.workers * wall):5.1f}%")
+    if args.top:
+        print(f"the {args.top} costliest block ops other than GEMMs (all their tasks, a step):")
+        rest = [(t, what) for what, t in by_op.items() if not what.startswith("GEMM")]
+        for t, what in sorted(rest, reverse=True)[: args.top]:
+            print(f"  {t / args.steps:7.3f} s  {what}")
 
 
 @contextlib.contextmanager
@@ -174,6 +188,31 @@ def ab(cfg, params, tcfg, data, args) -> None:
     np.testing.assert_allclose(trainers["compiled"].losses, trainers["numpy"].losses, rtol=1e-4)
     print(f"workers {args.workers}, median of {args.steps}: compiled {med['compiled']:.3f} s, "
           f"numpy {med['numpy']:.3f} s, numpy/compiled = {med['numpy'] / med['compiled']:.2f}")
+
+
+def ab_epilogue(cfg, params, tcfg, data, args) -> None:
+    """Median step time with GEMM epilogues fused into their GEMMs' tasks and without, stepped
+    in alternation."""
+    pairs = epilogue.pairs
+    trainers = {"fused": Trainer(cfg, params, tcfg, data, workers=args.workers)}
+    epilogue.pairs = lambda tasks, keep: {}
+    try:
+        trainers["apart"] = Trainer(cfg, params, tcfg, data, workers=args.workers)
+    finally:
+        epilogue.pairs = pairs
+    for name, t in trainers.items():
+        print(f"{name}: {len(t.program.executor.fused)} epilogues")
+        t.train_step()  # warm-up
+    times: dict[str, list[float]] = {m: [] for m in trainers}
+    for _ in range(args.steps):
+        for mode, t in trainers.items():
+            start = time.perf_counter()
+            t.train_step()
+            times[mode].append(time.perf_counter() - start)
+    med = {m: statistics.median(ts) for m, ts in times.items()}
+    np.testing.assert_allclose(trainers["fused"].losses, trainers["apart"].losses, rtol=1e-6)
+    print(f"workers {args.workers}, median of {args.steps}: fused {med['fused']:.3f} s, "
+          f"apart {med['apart']:.3f} s, apart/fused = {med['apart'] / med['fused']:.3f}")
 
 
 def per_op(cfg, params, tcfg, data, args) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from einsummable.engines import kernels, native, reference_kernel, scheduler
+from einsummable.engines import epilogue, kernels, native, reference_kernel, scheduler
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.ir import priority
@@ -165,6 +165,11 @@ def _view(task: ViewTask):
     return run
 
 
+def _nothing(args, feeds, variables) -> None:
+    """A GEMM's own task once its join's task runs it (engines/epilogue.py)."""
+    return None
+
+
 PREPARE = {
     InputTask: _input,
     ConstantTask: _constant,
@@ -228,11 +233,16 @@ class LocalProgram:
     def __init__(self, tg: TaskGraph) -> None:
         self.tg = tg
         tasks = tg.tasks
-        self.inputs = [t.inputs for t in tasks]
         self.location = [t.loc for t in tasks]
-        self.rank = priority.ranks(self.inputs, [task_cost(t) for t in tasks])
         self.keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
+        self.fused = epilogue.pairs(tasks, self.keep)  # GEMM epilogues: each runs in its join's task
+        self.inputs = epilogue.rewire([t.inputs for t in tasks], self.fused)
+        cost = [task_cost(t) for t in tasks]
         self.steps = [PREPARE[type(t)](t) for t in tasks]
+        for j, (g, k) in self.fused.items():
+            cost[j], cost[g] = cost[j] + cost[g], 0.0
+            self.steps[j], self.steps[g] = epilogue.step(tasks[g].op, tasks[j].op, k), _nothing
+        self.rank = priority.ranks(self.inputs, cost)
         native.flush()  # the compiled kernels, built together, at prepare
 
     def run(self, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
