@@ -191,13 +191,18 @@ def ab(cfg, params, tcfg, data, args) -> None:
 
 
 def ab_epilogue(cfg, params, tcfg, data, args) -> None:
-    """Median step time with GEMM epilogues fused into their GEMMs' tasks and without, stepped
-    in alternation."""
+    """Median step time with GEMM epilogues fused into their GEMMs' tasks (all, or elementwise
+    joins only) and without, stepped in alternation."""
     pairs = epilogue.pairs
-    trainers = {"fused": Trainer(cfg, params, tcfg, data, workers=args.workers)}
-    epilogue.pairs = lambda tasks, keep: {}
+    variants = {"fused": pairs,
+                "joins only": lambda tasks, keep: {j: gk for j, gk in pairs(tasks, keep).items()
+                                                   if isinstance(tasks[j], ApplyTask)},
+                "apart": lambda tasks, keep: {}}
+    trainers = {}
     try:
-        trainers["apart"] = Trainer(cfg, params, tcfg, data, workers=args.workers)
+        for name, variant in variants.items():
+            epilogue.pairs = variant
+            trainers[name] = Trainer(cfg, params, tcfg, data, workers=args.workers)
     finally:
         epilogue.pairs = pairs
     for name, t in trainers.items():
@@ -210,9 +215,11 @@ def ab_epilogue(cfg, params, tcfg, data, args) -> None:
             t.train_step()
             times[mode].append(time.perf_counter() - start)
     med = {m: statistics.median(ts) for m, ts in times.items()}
-    np.testing.assert_allclose(trainers["fused"].losses, trainers["apart"].losses, rtol=1e-6)
-    print(f"workers {args.workers}, median of {args.steps}: fused {med['fused']:.3f} s, "
-          f"apart {med['apart']:.3f} s, apart/fused = {med['apart'] / med['fused']:.3f}")
+    for t in trainers.values():
+        np.testing.assert_allclose(t.losses, trainers["apart"].losses, rtol=1e-6)
+    print(f"workers {args.workers}, median of {args.steps}: "
+          + ", ".join(f"{m} {t:.3f} s" for m, t in med.items())
+          + "; " + ", ".join(f"apart/{m} = {med['apart'] / t:.3f}" for m, t in med.items() if m != "apart"))
 
 
 def per_op(cfg, params, tcfg, data, args) -> None:

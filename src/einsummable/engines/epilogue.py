@@ -27,7 +27,7 @@ from einsummable.engines.reference_kernel import align
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Expr, Input
 from einsummable.ir.scalar_ops import is_call
-from einsummable.lower.taskgraph import ApplyTask
+from einsummable.lower.taskgraph import ApplyTask, MoveTask
 
 Step = Callable[[list, dict, dict], np.ndarray]
 
@@ -35,8 +35,12 @@ Step = Callable[[list, dict, dict], np.ndarray]
 def pairs(tasks: Sequence, keep: set[int]) -> dict[int, tuple[int, int]]:
     """Each join task that runs a GEMM's epilogue: ``{join: (gemm, the operand it reads it as)}``.
 
-    Of several GEMM operands of one join, the last in task order is taken: the others
-    are ready before it, so running it late in the join's task delays nothing.
+    The GEMM then waits for the join's other operands too. So a join that reads a move
+    (a block another worker makes, at its own pace) keeps its GEMM apart: fused, this
+    worker's GEMM would wait on the other's work (a weight gradient summed over two
+    workers ran their two GEMMs one after the other: the MLP step 14% slower). Of several
+    GEMM operands of one join, the last in task order is taken: the others are ready
+    before it, so running it late in the join's task delays little.
     """
     readers = [0] * len(tasks)
     for t in tasks:
@@ -44,7 +48,8 @@ def pairs(tasks: Sequence, keep: set[int]) -> dict[int, tuple[int, int]]:
             readers[i] += 1
     out: dict[int, tuple[int, int]] = {}
     for j, join in enumerate(tasks):
-        if not (isinstance(join, ApplyTask) and join.op.agg is None):
+        if not (isinstance(join, ApplyTask) and join.op.agg is None) or \
+                any(isinstance(tasks[i], MoveTask) for i in join.inputs):
             continue
         best = None
         for k, g in enumerate(join.inputs):
