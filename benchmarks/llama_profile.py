@@ -191,13 +191,10 @@ def ab(cfg, params, tcfg, data, args) -> None:
 
 
 def ab_epilogue(cfg, params, tcfg, data, args) -> None:
-    """Median step time with GEMM epilogues fused into their GEMMs' tasks (all, or elementwise
-    joins only) and without, stepped in alternation."""
+    """Median step time with GEMM epilogues fused into their GEMMs' tasks and without, stepped
+    in alternation."""
     pairs = epilogue.pairs
-    variants = {"fused": pairs,
-                "joins only": lambda tasks, keep: {j: gk for j, gk in pairs(tasks, keep).items()
-                                                   if isinstance(tasks[j], ApplyTask)},
-                "apart": lambda tasks, keep: {}}
+    variants = {"fused": pairs, "apart": lambda tasks, keep: {}}
     trainers = {}
     try:
         for name, variant in variants.items():

@@ -74,16 +74,15 @@ def test_a_sum_adds_into_the_block_only_where_the_gemm_is_among_its_first_two_te
     assert in_place == {"late": False, "first": True, "second": True}
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_fused_epilogues_give_the_unfused_engines_bits(workers, monkeypatch):
+def test_fused_epilogues_give_the_unfused_engines_bits(monkeypatch):
     """In place or not, the fused task computes what the two tasks compute apart, bit for bit."""
     g = es.Graph()
     x, w, r, b = g.input("x", (64, 48)), g.input("w", (48, 40)), g.input("r", (64, 40)), g.input("b", (40,))
     g.output("y", es.nn.relu(r + x @ w + b) * r + (r @ w.T) @ w)
     feeds = _feeds({"x": (64, 48), "w": (48, 40), "r": (64, 40), "b": (40,)})
-    fused = es.compile(g, workers=workers)
+    fused = es.compile(g, workers=1)
     monkeypatch.setattr(epilogue, "pairs", lambda tasks, keep: {})
-    apart = es.compile(g, workers=workers)
+    apart = es.compile(g, workers=1)
     assert fused.executor.fused and not apart.executor.fused
     np.testing.assert_array_equal(fused.run(feeds)["y"], apart.run(feeds)["y"])
 
