@@ -120,9 +120,9 @@ def main() -> None:
     rows["  of which copies, casts, sums, epilogues"] = gemm - matmul
     rows["engine overhead + idle"] = args.workers * wall - sum(busy.values()) / args.steps
     print(f"workers {args.workers}: step {wall:.3f} s wall x {args.workers} = {args.workers * wall:.3f} "
-          f"worker-seconds (median of {args.steps} is not taken: mean)")
+          f"worker-seconds (mean of {args.steps} steps)")
     for k, t in sorted(rows.items(), key=lambda kv: (kv[0].startswith("  "), -kv[1])):
-        print(f"  {k:<34} {t:8.3f} s  {100 * t / (args.workers * wall):5.1f}%")
+        print(f"  {k:<40} {t:8.3f} s  {100 * t / (args.workers * wall):5.1f}%")
     if args.top:
         print(f"the {args.top} costliest block ops other than GEMMs (all their tasks, a step):")
         rest = [(t, what) for what, t in by_op.items() if not what.startswith("GEMM")]

@@ -5,8 +5,9 @@ dependency loop (``scheduler.run``) with each task pinned to its planned worker,
 BLAS limited to one thread per worker (all the cores for a single worker, which
 runs inline), and the engines' fast kernels:
 contractions as batched GEMM, joins compiled to ufunc sequences, embeddings as
-gathers. Blocks are freed after their last reader; partial sums accumulate in
-place; a move inside the process is a view, not a copy. Feeds are never written.
+gathers; a GEMM's lone elementwise reader runs in the GEMM's task (epilogue.py).
+Blocks are freed after their last reader; partial sums accumulate in place; a
+move inside the process is a view, not a copy. Feeds are never written.
 
     prog = es.compile(g, workers=2)            # engine="local"
     prog.run({"x": X})
