@@ -82,3 +82,6 @@ def report_bound(flops: float, gemm_seconds: float, times: dict[str, float], thr
           f"(f32 {n}^3 numpy matmul on {threads} BLAS threads, median, same rounds) = {bound * 1e3:.1f} ms")
     for name, t in times.items():
         print(f"  bound/{name:<22} = {100 * bound / t:5.1f}% of peak")
+    if any(bound > t for t in times.values()):
+        print("  (over 100%: the matmul ran below peak: a loaded machine stalls multi-threaded BLAS "
+              "more than one-thread workers; rerun on a quiet machine)")
