@@ -78,14 +78,14 @@ def step(gemm: Einsummable, join: Einsummable, k: int) -> Step:
     n = len(gemm.inputs)
     order = _sum_order(join.join)
     in_place = adds_in_place(gemm, join, k)
-    others = [(idx, m) for m, idx in enumerate(join.inputs) if m != k]
+    others = [m for m in range(len(join.inputs)) if m != k]
     shape = join.out_shape
 
     def run(args, feeds, variables):
         block = run_gemm(args[:n], variables)
         rest = args[n:]
         if in_place and block.shape == shape and block.flags.c_contiguous and block.flags.writeable:
-            operands = dict(zip((m for _, m in others), rest, strict=True))
+            operands = dict(zip(others, rest, strict=True))
             for m in order:  # the block itself is the sum's first term
                 if m != k:
                     np.add(block, align(operands[m], join.inputs[m], join.join_shape), out=block)
