@@ -11,6 +11,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 
 def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
     return compare({"fn": fn}, repeats, warmup)["fn"]
@@ -49,3 +51,37 @@ def add_llama_arguments(parser: argparse.ArgumentParser, layers: int) -> None:
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
+
+
+GEMM_N = 2048  # the square f32 matmul whose rate stands for the machine's GEMM peak
+
+
+def gemm_peer(threads: int, n: int = GEMM_N) -> Callable[[], object]:
+    """One n x n x n f32 numpy matmul on ``threads`` BLAS threads: timed among a benchmark's
+    peers (``compare``'s rounds), so its rate, the peak a step's GEMM-peak bound divides by,
+    sees the same load as they do."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n), dtype=np.float32) for _ in range(2))
+
+    def matmul():
+        with threadpool_limits(threads, "blas"):
+            return a @ b
+
+    return matmul
+
+
+def report_bound(flops: float, gemm_seconds: float, times: dict[str, float], threads: int,
+                 n: int = GEMM_N) -> None:
+    """The step's GEMM-peak bound (its FLOPs at the rate of ``gemm_peer``'s matmul, which took
+    ``gemm_seconds``) and each peer's share of it: the fraction of peak each reaches."""
+    rate = 2 * n**3 / gemm_seconds
+    bound = flops / rate
+    print(f"  GEMM-peak bound: {flops / 1e9:.1f} GFLOP at {rate / 1e9:.1f} GF/s "
+          f"(f32 {n}^3 numpy matmul on {threads} BLAS threads, median, same rounds) = {bound * 1e3:.1f} ms")
+    for name, t in times.items():
+        print(f"  bound/{name:<22} = {100 * bound / t:5.1f}% of peak")
+    if any(bound > t for t in times.values()):
+        print("  (over 100%: the matmul ran below peak: a loaded machine stalls multi-threaded BLAS "
+              "more than one-thread workers; rerun on a quiet machine)")

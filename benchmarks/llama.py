@@ -12,7 +12,7 @@ the workers; the timed "einsummable") and driver-fed (every decode step feeds al
 the weights and the cache: the path before issue 19), with the bytes the driver
 feeds and fetches per decode step for each.
 Run: python benchmarks/llama.py [--quick] [--workers 2] [--steps 3] [--new-tokens 32] [--gen-batch 1 8]
-     [--generation-only]
+     [--generation-only | --training-only]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from common import add_llama_arguments, compare, median_time, report
+from common import add_llama_arguments, compare, gemm_peer, report, report_bound
 from einsummable.compile import Program
 from einsummable.engines.blocks import Blocks
 from einsummable.models.llama.generate import Generator
@@ -43,6 +43,16 @@ def report_rate(title: str, times: dict[str, float], tokens: int) -> None:
     for name, t in times.items():
         ratio = "" if name == "einsummable" else f"   einsummable/{name} = {ours / (tokens / t):5.2f}"
         print(f"  {name:<28} {tokens / t:9.1f} tokens/s{ratio}")
+
+
+def step_flops(cfg, batch: int, seq: int) -> float:
+    """A training step's FLOPs: 6 x parameters x tokens (forward 2, backward 4) for every weight a
+    GEMM multiplies (all but the embedding, a lookup), plus attention's scores and weighted sums,
+    2 x 2 x batch x seq^2 x heads x head_dim a layer forward, 3x that with the backward."""
+    shapes = cfg.parameter_shapes()
+    weights = sum(int(np.prod(s)) for name, s in shapes.items() if name != "model.embed_tokens.weight")
+    attention = 12 * cfg.num_hidden_layers * batch * seq**2 * cfg.num_attention_heads * cfg.head_dim
+    return 6 * weights * batch * seq + attention
 
 
 def decode_traffic(gen: Generator, prompts: list[list[int]], new_tokens: int) -> tuple[float, float]:
@@ -132,8 +142,9 @@ def training(model, cfg, params, args) -> str:
         opt.step()
         torch_losses.append(loss.item())
 
-    times = {"einsummable": median_time(trainer.train_step, args.steps),
-             "torch eager + AdamW": median_time(torch_step, args.steps)}
+    times = compare({"einsummable": trainer.train_step, "torch eager + AdamW": torch_step,
+                     "GEMM": gemm_peer(args.workers)}, args.steps)
+    gemm = times.pop("GEMM")
     print(f"\nlosses  einsummable {np.round(trainer.losses, 5).tolist()}\n"
           f"        torch       {np.round(torch_losses, 5).tolist()}")
     np.testing.assert_allclose(trainer.losses[0], torch_losses[0], rtol=1e-4)
@@ -141,6 +152,7 @@ def training(model, cfg, params, args) -> str:
     title = (f"training step, batch {args.batch} x seq {args.seq} "
              f"(engine {trainer.program.engine}, workers {args.workers})")
     report_rate(title, times, args.batch * args.seq)
+    report_bound(step_flops(cfg, args.batch, args.seq), gemm, times, args.workers)
     return trainer.program.engine
 
 
@@ -151,6 +163,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3, help="timed training steps, after one warm-up")
     parser.add_argument("--gen-batch", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--generation-only", action="store_true", help="skip the training benchmark")
+    parser.add_argument("--training-only", action="store_true", help="skip the generation benchmark")
     parser.add_argument("--prompt", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="timed generate calls")
@@ -170,7 +183,7 @@ def main() -> None:
     engine = "local"
     if not args.generation_only:
         engine = training(copy.deepcopy(model), cfg, params, args)  # generation keeps the initial weights
-    for batch in args.gen_batch:
+    for batch in [] if args.training_only else args.gen_batch:
         generation(model, cfg, params, args, engine, batch)
 
 

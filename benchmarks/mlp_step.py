@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 import einsummable as es
-from common import compare, report
+from common import compare, gemm_peer, report, report_bound
 
 LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 
@@ -114,9 +114,19 @@ def main() -> None:
         peers["torch eager"] = torch_step
     except ImportError:
         pass
-    times = compare(peers, args.repeats)
+    times = compare(peers | {"GEMM": gemm_peer(args.workers)}, args.repeats)
+    gemm = times.pop("GEMM")
     title = f"(d) MLP step, batch {args.batch}, widths {widths}"
     report(f"{title} (engine {prog.engine}, workers {args.workers})", times)
+    report_bound(step_flops(args.batch, widths), gemm, times, args.workers)
+
+
+def step_flops(batch: int, widths: list[int]) -> float:
+    """The step's GEMM FLOPs: each layer's forward, weight gradient and input gradient, 2 x batch x
+    w_in x w_out each, but no input gradient for the first layer (x is data). The rest (relu,
+    softmax, AdamW) is O(batch x width) or O(weights), not O(batch x weights)."""
+    sizes = [a * b for a, b in itertools.pairwise(widths)]
+    return 2 * batch * (3 * sum(sizes) - sizes[0])
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def _body(op: Einsummable) -> Kernel:
     """The kernel's work, before its cast to ``op.dtype``: half precision stays in f32."""
     match = equality_gather(op)
     acc = accumulator(op)
-    if op.is_contraction() and _inner_size(op) > TINY_INNER and not _rowwise_dot(op):
+    if is_gemm(op):
         body = contraction(op)
     elif match is not None:
         def body(arrays, variables):
@@ -91,6 +91,11 @@ def _body(op: Einsummable) -> Kernel:
 
         body = _native(op, body)
     return body
+
+
+def is_gemm(op: Einsummable) -> bool:
+    """Whether ``prepare`` runs ``op`` as a GEMM (``gemm.contraction``: a block it makes, fresh)."""
+    return op.is_contraction() and _inner_size(op) > TINY_INNER and not _rowwise_dot(op)
 
 
 def _native(op: Einsummable, body: Kernel) -> Kernel:

@@ -5,8 +5,9 @@ dependency loop (``scheduler.run``) with each task pinned to its planned worker,
 BLAS limited to one thread per worker (all the cores for a single worker, which
 runs inline), and the engines' fast kernels:
 contractions as batched GEMM, joins compiled to ufunc sequences, embeddings as
-gathers. Blocks are freed after their last reader; partial sums accumulate in
-place; a move inside the process is a view, not a copy. Feeds are never written.
+gathers; a GEMM's lone elementwise reader runs in the GEMM's task (epilogue.py).
+Blocks are freed after their last reader; partial sums accumulate in place; a
+move inside the process is a view, not a copy. Feeds are never written.
 
     prog = es.compile(g, workers=2)            # engine="local"
     prog.run({"x": X})
@@ -25,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from einsummable.engines import kernels, native, reference_kernel, scheduler
+from einsummable.engines import epilogue, kernels, native, reference_kernel, scheduler
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.ir import priority
@@ -165,6 +166,11 @@ def _view(task: ViewTask):
     return run
 
 
+def _nothing(args, feeds, variables) -> None:
+    """A GEMM's own task once its join's task runs it (engines/epilogue.py)."""
+    return None
+
+
 PREPARE = {
     InputTask: _input,
     ConstantTask: _constant,
@@ -228,11 +234,16 @@ class LocalProgram:
     def __init__(self, tg: TaskGraph) -> None:
         self.tg = tg
         tasks = tg.tasks
-        self.inputs = [t.inputs for t in tasks]
         self.location = [t.loc for t in tasks]
-        self.rank = priority.ranks(self.inputs, [task_cost(t) for t in tasks])
         self.keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
+        self.fused = epilogue.pairs(tasks, self.keep)  # GEMM epilogues: each runs in its join's task
+        self.inputs = epilogue.rewire([t.inputs for t in tasks], self.fused)
+        cost = [task_cost(t) for t in tasks]
         self.steps = [PREPARE[type(t)](t) for t in tasks]
+        for j, (g, k) in self.fused.items():
+            cost[j], cost[g] = cost[j] + cost[g], 0.0
+            self.steps[j], self.steps[g] = epilogue.step(tasks[g].op, tasks[j].op, k), _nothing
+        self.rank = priority.ranks(self.inputs, cost)
         native.flush()  # the compiled kernels, built together, at prepare
 
     def run(self, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
