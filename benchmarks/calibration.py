@@ -47,6 +47,7 @@ import numpy as np
 
 import einsummable as es
 from einsummable import workloads
+from einsummable.hardware.calibrate import ray_driver
 from einsummable.ir.graph import EinGraph, InputNode
 
 
@@ -144,10 +145,13 @@ def configs(workers: list[int], engines: list[str], out: Path) -> list[tuple[str
     if "local" in engines:
         rows += [(f"local {w}", "local", measured_at[w]) for w in workers]
     if "ray" in engines:
-        two = measured_at[2]
         link = _ray_link()
+        driver = ray_driver()
+        two = replace(measured_at[2], **driver)
         print(f"ray between nodes: {link['bandwidth_across'] / 1e9:.2f} GB/s, "
-              f"{link['latency_across'] * 1e3:.2f} ms a block", flush=True)
+              f"{link['latency_across'] * 1e3:.2f} ms a block; driver to a machine on its node: "
+              f"{driver['driver_bandwidth'] / 1e9:.2f} GB/s, {driver['driver_latency'] * 1e3:.2f} ms a call",
+              flush=True)
         rows += [("ray 1x2", "ray", two),
                  ("ray 2x1", "ray", replace(two, machines=2, cores=1, blas_threads=1, **link))]
     return rows
