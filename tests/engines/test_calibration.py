@@ -86,6 +86,7 @@ def test_the_driver_fields_are_checked_and_kept_in_json(tmp_path):
         es.Cluster(driver_bandwidth=0)
     with pytest.raises(es.PlanError, match="driver_latency must be >= 0, got -1"):
         es.Cluster(driver_latency=-1)
-    for cluster in (es.Cluster(machines=2), es.Cluster(machines=2, driver_bandwidth=2e9, driver_latency=1e-3)):
-        cluster.to_json(tmp_path / "c.json")  # the local default, infinite bandwidth, too
+    ray = es.Cluster(machines=2, driver_bandwidth=2e9, driver_latency=1e-3)
+    for cluster in (es.Cluster(machines=2), ray):  # the local default, infinite bandwidth, too
+        cluster.to_json(tmp_path / "c.json")
         assert es.Cluster.from_json(tmp_path / "c.json") == cluster

@@ -201,7 +201,8 @@ def test_a_driver_in_another_process_feeds_machines_in_turn_and_fetches_at_their
     hw = QUIET | {"bandwidth_across": 5e8, "latency_across": 1e-3}
     ray = es.Cluster(machines=2, cores=1, **hw, driver_bandwidth=1e9, driver_latency=2e-3)
     sim = run(graph(tasks, 2, 1, 2), ray)
-    put_a, put_b, call, pull_b = 1e-3, 1e-3, 2e-3, 1e-3 + 2e-3  # 1 MB at 1 GB/s; 1 MB at 0.5 GB/s
+    # 1 MB put at 1 GB/s; across at 0.5 GB/s in all (put then pull), 1 ms latency
+    put_a, put_b, call, pull_b = 1e-3, 1e-3, 2e-3, 1e-3 + (2e-3 - 1e-3)
     landed = put_a + put_b + call + pull_b + 2e-3 + 1e-3  # then b crosses to machine 0
     assert sim.makespan == pytest.approx(landed + 1e-3)  # y (1 MB) fetched from machine 0, the driver's
     assert sim.critical_time["driver"] == pytest.approx(put_a + put_b + call + pull_b + 1e-3)

@@ -138,10 +138,10 @@ def driver_seconds(tg: TaskGraph, c: Cluster) -> tuple[list[float], list[float]]
 
     As the Ray engine runs: the driver serialises each machine's distinct input pieces into
     its object store in machine order (``bytes / driver_bandwidth`` each, one after another),
-    then submits the machine's call (``driver_latency``, the call and its return); a machine
-    on another node than the driver's (machine 0's) pulls them across
-    (``latency_across + bytes / bandwidth_across``). A machine returns its fetched output
-    blocks at its end: stored and read back at ``driver_bandwidth``, pulled across likewise.
+    then submits the machine's call (``driver_latency``, the call and its return). A machine
+    returns its fetched output blocks at its end: stored and read back at ``driver_bandwidth``.
+    Off the driver's node (machine 0's) a feed or a fetch is a move across, put and pull:
+    ``latency_across + bytes / bandwidth_across`` in all, the put at ``driver_bandwidth``.
     None of it with the local engine's defaults (no latency, infinite bandwidth): its feeds
     and outputs are the workers' own memory."""
     machines = tg.workers // tg.cores
@@ -162,8 +162,12 @@ def driver_seconds(tg: TaskGraph, c: Cluster) -> tuple[list[float], list[float]]
                 fetched.add(t)
                 fetch_bytes[tg.machine_of(tg.tasks[t].loc)] += _nbytes(tg.tasks[t])
 
+    # a move across (bandwidth_across, as the engine makes one) includes its sender's put into
+    # the object store: off the driver's node, a feed or fetch is such a move, the put its first part
+    pull = max(1 / c.bandwidth_across - 1 / c.driver_bandwidth, 0.0)
+
     def across(m: int, nbytes: int) -> float:
-        return 0.0 if m == 0 else c.latency_across + nbytes / c.bandwidth_across
+        return 0.0 if m == 0 else c.latency_across + nbytes * pull
 
     put, release, fetch = 0.0, [], []
     for m in range(machines):
