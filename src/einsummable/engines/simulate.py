@@ -23,7 +23,11 @@ Model, one event per task, taken from a heap in time order:
   ready it books the earliest slot free on both ports, so a move waiting for a busy
   receiver does not hold its sender's port meanwhile;
 - a block is live from its task's start until its last reader finishes (graph
-  outputs to the end); the peak per machine is compared with ``memory_per_machine``.
+  outputs to the end); the peak per machine is compared with ``memory_per_machine``;
+- a driver in another process (the Ray engine: ``driver_latency``, a finite
+  ``driver_bandwidth``) starts a machine when its call and feeds have arrived, and the
+  run ends when the last machine's outputs are back (``driver_seconds``); the local
+  engine's defaults cost nothing, its feeds and outputs being the workers' memory.
 
 Worked example: 2 machines × 1 core, a move of 1 MB from worker 0 to 1 at 1 GB/s
 with 1 ms latency, nothing else costing: makespan = 1e6 / 1e9 + 1e-3 = 2 ms.
