@@ -13,7 +13,11 @@ spreads a GEMM over them. Without that the workers=1 rows read 1.9..2.1.
 ``--engines ... ray`` adds the per-machine Ray engine on a simulated Ray cluster of
 2 nodes x 1 CPU (``ray.cluster_utils.Cluster``: this box's 2 cores as two machines):
 one machine actor with 2 cores (``ray 1x2``), and 2 machine actors of 1 core
-(``ray 2x1``, blocks crossing machines as ObjectRefs), both with the workers=2 rates.
+(``ray 2x1``, blocks crossing machines as ObjectRefs), both with the workers=2 rates,
+Ray's cost of a block between the nodes (``_ray_link``) and what the driver pays to call,
+feed and fetch a machine actor (``calibrate.ray_driver``: ``driver_latency``,
+``driver_bandwidth``; the simulator starts a machine when its feeds have arrived and ends
+the run when the last fetch is back).
 
 The box is shared, so each local run also records its CPU share: process CPU time over
 wall time × workers. A share well under 1 means other programs held our cores, and
@@ -28,9 +32,12 @@ the attention rows read 0.36..0.50 until issue 18, since the C exp ran 10-30x sl
 numpy's on arguments below -87 (the causal mask's -1e9): its softmax kernels took 27 ms
 each at workers=1, now 2.6 ms, and attention local 1 reads 1.02 (load 2.3, least of 5;
 local 2 was starved in that run: cpu share 0.4). The Ray rows read 0.60..0.97 (1x2) and
-0.40..0.72 (2x1): the simulator does not model the driver shipping feeds to the actors
-and fetching outputs through the object store (chain (skewed) returns 128 MB), nor Ray's
-per-move cost between nodes beyond the bandwidth and latency measured here (``_ray_link``).
+0.40..0.72 (2x1) while the simulator left out the driver's feeds and fetches through the
+object store (chain (skewed) returns 128 MB) and the engine shipped strided slices, which
+Ray pickles 2-3x slower than contiguous blocks. With both fixed, on a quiet moment (load
+1.7-1.9, least of 5) local rows read 0.88..1.08, ray 1x2 0.80..1.00 and ray 2x1 0.82..0.86
+but attention 0.52 (its 62 small tasks: Ray's fixed cost per run and per object, about 3 ms
+a run measured on a tiny matmul, is not modelled beyond one call's ``driver_latency``).
 On a busy moment (another program holding a core) the rows read 0.2..0.7, and their cpu
 share says why.
 """
@@ -47,6 +54,7 @@ import numpy as np
 
 import einsummable as es
 from einsummable import workloads
+from einsummable.hardware.calibrate import ray_driver
 from einsummable.ir.graph import EinGraph, InputNode
 
 
@@ -144,10 +152,13 @@ def configs(workers: list[int], engines: list[str], out: Path) -> list[tuple[str
     if "local" in engines:
         rows += [(f"local {w}", "local", measured_at[w]) for w in workers]
     if "ray" in engines:
-        two = measured_at[2]
         link = _ray_link()
+        driver = ray_driver()
+        two = replace(measured_at[2], **driver)
         print(f"ray between nodes: {link['bandwidth_across'] / 1e9:.2f} GB/s, "
-              f"{link['latency_across'] * 1e3:.2f} ms a block", flush=True)
+              f"{link['latency_across'] * 1e3:.2f} ms a block; driver to a machine on its node: "
+              f"{driver['driver_bandwidth'] / 1e9:.2f} GB/s, {driver['driver_latency'] * 1e3:.2f} ms a call",
+              flush=True)
         rows += [("ray 1x2", "ray", two),
                  ("ray 2x1", "ray", replace(two, machines=2, cores=1, blas_threads=1, **link))]
     return rows

@@ -79,3 +79,14 @@ def test_a_lone_local_worker_runs_the_gemm_on_its_blas_threads(monkeypatch):
     x = np.ones((64, 64), np.float32)
     np.testing.assert_allclose(prog.run({"a": x, "b": x})["y"], real(x, x))
     assert seen and all(set(s) == {len(os.sched_getaffinity(0))} for s in seen)
+
+
+def test_the_driver_fields_are_checked_and_kept_in_json(tmp_path):
+    with pytest.raises(es.PlanError, match="driver_bandwidth must be positive, got 0"):
+        es.Cluster(driver_bandwidth=0)
+    with pytest.raises(es.PlanError, match="driver_latency must be >= 0, got -1"):
+        es.Cluster(driver_latency=-1)
+    ray = es.Cluster(machines=2, driver_bandwidth=2e9, driver_latency=1e-3)
+    for cluster in (es.Cluster(machines=2), ray):  # the local default, infinite bandwidth, too
+        cluster.to_json(tmp_path / "c.json")
+        assert es.Cluster.from_json(tmp_path / "c.json") == cluster

@@ -192,3 +192,21 @@ def test_program_types_hold_on_every_engine():
     np.testing.assert_array_equal(ref.run(feeds)["y"], 2 * feeds["x"])
     with pytest.raises(es.EinsummableError, match="runs the graph whole"):
         ref.simulate()
+
+
+def test_a_driver_in_another_process_feeds_machines_in_turn_and_fetches_at_their_end():
+    """The Ray engine's driver: puts each machine's feeds in machine order, calls it, and a
+    machine off the driver's node pulls its feeds and returns its fetches across."""
+    tasks = [InputTask("a", BOX, "f32", 0), InputTask("b", BOX, "f32", 1), MoveTask((1,), BOX, 1, 0, "f32")]
+    hw = QUIET | {"bandwidth_across": 5e8, "latency_across": 1e-3}
+    ray = es.Cluster(machines=2, cores=1, **hw, driver_bandwidth=1e9, driver_latency=2e-3)
+    sim = run(graph(tasks, 2, 1, 2), ray)
+    # 1 MB put at 1 GB/s; across at 0.5 GB/s in all (put then pull), 1 ms latency
+    put_a, put_b, call, pull_b = 1e-3, 1e-3, 2e-3, 1e-3 + (2e-3 - 1e-3)
+    landed = put_a + put_b + call + pull_b + 2e-3 + 1e-3  # then b crosses to machine 0
+    assert sim.makespan == pytest.approx(landed + 1e-3)  # y (1 MB) fetched from machine 0, the driver's
+    assert sim.critical_time["driver"] == pytest.approx(put_a + put_b + call + pull_b + 1e-3)
+    assert sum(sim.critical_time.values()) == pytest.approx(sim.makespan)
+    local = run(graph(tasks, 2, 1, 2), es.Cluster(machines=2, cores=1, **hw))  # the driver's memory: free
+    assert local.makespan == pytest.approx(2e-3 + 1e-3)
+    assert "driver" not in local.critical_time

@@ -192,10 +192,12 @@ def aliases(g: CompactGraph, readers: np.ndarray,
 
 
 def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths: Sequence[int] | None = None,
-           slots: int = 1) -> Simulation:
+           slots: int = 1, release: Sequence[float] | None = None) -> Simulation:
     """Replay ``g`` on ``cluster`` with the given seconds per task. ``slots``: cores per
     worker, of which a task holds ``widths[t]`` (default 1): a machine-level worker runs
-    tasks side by side while their widths fit, the highest ranked first."""
+    tasks side by side while their widths fit, the highest ranked first. ``release``: per
+    machine, when its tasks without inputs become ready (default 0: a driver feeding it
+    over the object store starts it later)."""
     if cluster.workers != g.workers or cluster.cores != g.cores:
         raise SimulationError(f"the graph is for {g.workers} workers of {g.cores} cores per machine, "
                               f"the cluster is {cluster}")
@@ -280,7 +282,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
 
     for t in range(n):
         if not pending[t]:
-            become_ready(t, 0.0, -1)
+            become_ready(t, float(release[loc[t] // cores]) if release is not None else 0.0, -1)
     done = 0
     while events:
         now, t = pop(events)

@@ -23,7 +23,11 @@ Model, one event per task, taken from a heap in time order:
   ready it books the earliest slot free on both ports, so a move waiting for a busy
   receiver does not hold its sender's port meanwhile;
 - a block is live from its task's start until its last reader finishes (graph
-  outputs to the end); the peak per machine is compared with ``memory_per_machine``.
+  outputs to the end); the peak per machine is compared with ``memory_per_machine``;
+- a driver in another process (the Ray engine: ``driver_latency``, a finite
+  ``driver_bandwidth``) starts a machine when its call and feeds have arrived, and the
+  run ends when the last machine's outputs are back (``driver_seconds``); the local
+  engine's defaults cost nothing, its feeds and outputs being the workers' memory.
 
 Worked example: 2 machines × 1 core, a move of 1 MB from worker 0 to 1 at 1 GB/s
 with 1 ms latency, nothing else costing: makespan = 1e6 / 1e9 + 1e-3 = 2 ms.
@@ -34,6 +38,7 @@ with 1 ms latency, nothing else costing: makespan = 1e6 / 1e9 + 1e-3 = 2 ms.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -124,7 +129,74 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
         raise SimulationError(f"the TaskGraph is for {tg.workers} workers of {tg.cores} cores per machine, "
                               f"the cluster is {cluster}")
     dur = list(durations) if durations is not None else _durations(tg, cluster)
-    return replay(CompactGraph.from_taskgraph(tg), cluster, dur, widths, slots)  # checks len(dur)
+    feed, fetch = driver_seconds(tg, cluster)
+    sim = replay(CompactGraph.from_taskgraph(tg), cluster, dur, widths, slots, feed)  # checks len(dur)
+    if not any(feed) and not any(fetch):
+        return sim
+    return _with_fetches(tg, sim, feed, fetch)
+
+
+def driver_seconds(tg: TaskGraph, c: Cluster) -> tuple[list[float], list[float]]:
+    """Per machine: when its part can start (the driver's call and its feeds have arrived) and
+    how long its fetched outputs take to reach the driver after its last task.
+
+    As the Ray engine runs: the driver serialises each machine's distinct input pieces into
+    its object store in machine order (``bytes / driver_bandwidth`` each, one after another),
+    then submits the machine's call (``driver_latency``, the call and its return). A machine
+    returns its fetched output blocks at its end: stored and read back at ``driver_bandwidth``.
+    Off the driver's node (machine 0's) a feed or a fetch is a move across, put and pull:
+    ``latency_across + bytes / bandwidth_across`` in all, the put at ``driver_bandwidth``.
+    None of it with the local engine's defaults (no latency, infinite bandwidth): its feeds
+    and outputs are the workers' own memory."""
+    machines = tg.workers // tg.cores
+    if math.isinf(c.driver_bandwidth) and not c.driver_latency:  # the driver shares the workers' memory
+        return [0.0] * machines, [0.0] * machines
+    fed: list[set] = [set() for _ in range(machines)]
+    feed_bytes, fetch_bytes = [0] * machines, [0] * machines
+    for task in tg.tasks:
+        if isinstance(task, InputTask):
+            m = tg.machine_of(task.loc)
+            if (task.name, task.box) not in fed[m]:
+                fed[m].add((task.name, task.box))
+                feed_bytes[m] += _nbytes(task)
+    fetched: set[int] = set()
+    for out in tg.outputs.values():
+        for t, _ in out.blocks:
+            if t not in fetched:
+                fetched.add(t)
+                fetch_bytes[tg.machine_of(tg.tasks[t].loc)] += _nbytes(tg.tasks[t])
+
+    # a move across (bandwidth_across, as the engine makes one) includes its sender's put into
+    # the object store: off the driver's node, a feed or fetch is such a move, the put its first part
+    pull = max(1 / c.bandwidth_across - 1 / c.driver_bandwidth, 0.0)
+
+    def across(m: int, nbytes: int) -> float:
+        return 0.0 if m == 0 else c.latency_across + nbytes * pull
+
+    put, release, fetch = 0.0, [], []
+    for m in range(machines):
+        put += feed_bytes[m] / c.driver_bandwidth
+        release.append(put + c.driver_latency + across(m, feed_bytes[m]))
+        back = fetch_bytes[m]
+        fetch.append(back / c.driver_bandwidth + across(m, back) if back else 0.0)
+    return release, fetch
+
+
+def _with_fetches(tg: TaskGraph, sim: Simulation, release: list[float], fetch: list[float]) -> Simulation:
+    """The run ends when the last machine's fetched outputs reach the driver; the critical
+    path's time at the driver (its machine's feeds, then its fetches) is "driver"."""
+    ends = [0.0] * len(release)
+    for t, task in enumerate(tg.tasks):
+        m = tg.machine_of(task.loc)
+        ends[m] = max(ends[m], float(sim.timeline[t, 1]))
+    last = max(range(len(ends)), key=lambda m: ends[m] + fetch[m])
+    makespan = ends[last] + fetch[last]
+    kinds = dict(sim.critical_time)
+    first = sim.critical_path[0] if sim.critical_path else -1
+    start = release[tg.machine_of(tg.tasks[first].loc)] if first >= 0 and not tg.tasks[first].inputs else 0.0
+    kinds["compute"] -= start
+    kinds["driver"] = start + makespan - sim.makespan
+    return dataclasses.replace(sim, makespan=makespan, critical_time=kinds)
 
 
 def _durations(tg: TaskGraph, cluster: Cluster) -> list[float]:

@@ -6,9 +6,11 @@ numpy kernel in its own thread with BLAS held to one thread, so a figure is what
 one worker gets while its neighbours work too. Time is each thread's CPU time, so
 other programs sharing the box do not count against it. Moves inside a machine are memory
 copies, so ``bandwidth_within`` is the copy rate; the rates between machines,
-latencies and the per-task overhead keep the Cluster defaults.
+latencies and the per-task overhead keep the Cluster defaults. ``ray_driver`` measures
+what the Ray engine's driver pays to call, feed and fetch a machine actor.
 
     cluster = Cluster.measure()             # or: einsummable calibrate --out cluster.json
+    ray_cluster = replace(cluster, **ray_driver())   # joined to a Ray cluster
 """
 
 from __future__ import annotations
@@ -88,3 +90,55 @@ def rates(cores: int) -> dict[str, float]:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"flops_per_core": gemm, "bandwidth_within": copy, "elementwise_flops_per_core": elementwise,
             "copy_bandwidth": copy, "memory_per_machine": float(memory)}
+
+
+def ray_driver(repeats: int = 7) -> dict[str, float]:
+    """The Cluster's ``driver_latency`` and ``driver_bandwidth`` for the connected Ray cluster,
+    measured as the Ray engine pays them: an actor call on the driver's node (the empty call's
+    round trip), and arrays shipped to it as an argument and fetched back as a result (and
+    copied out, as the driver assembles an output), fitted to 64 KiB and 32 MiB; medians of
+    ``repeats`` after four warm calls."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    class Probe:
+        def __init__(self) -> None:
+            self.blocks: dict[int, np.ndarray] = {}
+
+        def take(self, block: np.ndarray | None) -> None:
+            """A feed arrives."""
+
+        def make(self, nbytes: int) -> None:
+            self.blocks[nbytes] = np.ones(nbytes // 4, np.float32)
+
+        def give(self, nbytes: int) -> tuple[str, dict[int, np.ndarray]]:
+            """A block the actor holds (as the engine returns computed blocks), fetched."""
+            return "ok", {0: self.blocks[nbytes]}
+
+    here = ray.get_runtime_context().get_node_id()
+    probe = Probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+
+    def timed(call: Callable[[], object]) -> float:
+        for _ in range(4):  # warm: the object store's pages touched, as in a program's later runs
+            call()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    try:
+        latency = timed(lambda: ray.get(probe.take.remote(None)))
+        per_byte = []
+        for nbytes in (1 << 16, 1 << 25):
+            block = np.ones(nbytes // 4, np.float32)
+            ray.get(probe.make.remote(nbytes))
+            feed = timed(lambda block=block: ray.get(probe.take.remote(block)))
+            fetch = timed(lambda n=nbytes: np.array(ray.get(probe.give.remote(n))[1][0], copy=True))
+            per_byte.append((feed + fetch) / 2)
+    finally:
+        ray.kill(probe)
+    bandwidth = ((1 << 25) - (1 << 16)) / max(per_byte[1] - per_byte[0], 1e-9)
+    return {"driver_latency": latency, "driver_bandwidth": bandwidth}

@@ -2,7 +2,9 @@
 
 ``flops_per_core`` is the GEMM rate; the simulator (engines/simulate.py) also reads
 an elementwise rate, a memory-copy rate, link latencies, a per-task overhead and
-the memory of a machine. ``Cluster.measure()`` fills these in for this machine
+the memory of a machine, and what a driver in another process pays to feed and
+fetch (``driver_latency``, ``driver_bandwidth``: the Ray engine). ``Cluster.measure()``
+fills the rates in for this machine, ``calibrate.ray_driver()`` the driver's costs
 (hardware/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
 
 Workers are numbered machine-major: worker ``w`` is core ``w % cores`` of machine
@@ -17,6 +19,7 @@ inside a machine, 10 Gbit/s between machines).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -39,6 +42,11 @@ class Cluster:
     task_overhead: float = 1.5e-5  # an engine's scheduling cost per task, on its core
     memory_per_machine: float = 256 * 2**30  # bytes
     blas_threads: int = 1  # cores one worker's GEMMs use (BLAS threads)
+    # A driver in another process (the Ray engine): seconds of a run's call to a machine and
+    # back, and bytes/s it ships a feed to, or fetches an output from, a machine on its own
+    # node (serialisation, object store). inf: the driver shares the workers' memory (local).
+    driver_latency: float = 0.0
+    driver_bandwidth: float = math.inf
 
     def __post_init__(self) -> None:
         for name in ("machines", "cores", "blas_threads"):
@@ -46,12 +54,12 @@ class Cluster:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PlanError(f"Cluster {name} must be a positive integer, got {value!r}")
         for name in ("flops_per_core", "bandwidth_within", "bandwidth_across", "elementwise_flops_per_core",
-                     "copy_bandwidth", "memory_per_machine"):
+                     "copy_bandwidth", "memory_per_machine", "driver_bandwidth"):
             if not getattr(self, name) > 0:
                 raise PlanError(f"Cluster {name} must be positive, got {getattr(self, name)!r}")
         if self.min_block_seconds < 0:
             raise PlanError(f"Cluster min_block_seconds must be >= 0, got {self.min_block_seconds!r}")
-        for name in ("latency_within", "latency_across", "task_overhead"):
+        for name in ("latency_within", "latency_across", "task_overhead", "driver_latency"):
             if not getattr(self, name) >= 0:
                 raise PlanError(f"Cluster {name} must be >= 0, got {getattr(self, name)!r}")
 

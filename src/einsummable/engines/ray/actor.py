@@ -26,6 +26,13 @@ from einsummable.lower.refine import Share, refine
 from einsummable.lower.taskgraph import MoveTask, TaskGraph
 
 
+def contiguous(block: object) -> np.ndarray:
+    """A block as Ray should ship it: Ray pickles a strided slice (a column block) in band,
+    2-3x slower than it copies a contiguous one into its object store (0-d stays 0-d)."""
+    block = np.asarray(block)
+    return block if block.flags.c_contiguous else block.copy(order="C")
+
+
 class _Aborted(Exception):
     """The driver called the run off: another machine failed or died."""
 
@@ -80,8 +87,9 @@ class _Run:
 
     def send(self, dest: int, key: tuple, block: np.ndarray) -> None:
         """Ray passes a large block as an ObjectRef that the receiving actor pulls, and resolves
-        it before ``deliver`` runs: pulls overlap, and none waits behind another in the mailbox."""
-        self.peers[dest].deliver.remote(self.pid, self.run, key, np.asarray(block))
+        it before ``deliver`` runs: pulls overlap, and none waits behind another in the mailbox.
+        Contiguous (``contiguous``)."""
+        self.peers[dest].deliver.remote(self.pid, self.run, key, contiguous(block))
 
     def receive(self, key: tuple) -> np.ndarray:
         return self.mailbox.take(self.pid, self.run, key, self.deadline)
@@ -202,7 +210,7 @@ class Machine:
             self.mailbox.close(pid, run)
         for t, key in carry:
             self.store[key] = values[part.index[t]]
-        return "ok", {t: values[part.index[t]] for t in fetch}
+        return "ok", {t: contiguous(values[part.index[t]]) for t in fetch}
 
     def _piece(self, ctx: _Run, source: tuple[str, object]) -> np.ndarray:
         where, key = source

@@ -19,7 +19,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from einsummable.engines.blocks import Blocks, assemble
-from einsummable.engines.ray.actor import Machine
+from einsummable.engines.ray.actor import Machine, contiguous
 from einsummable.engines.ray.layout import Layout, whole
 from einsummable.engines.ray.nodes import connect, nodes
 from einsummable.errors import EngineError
@@ -209,7 +209,7 @@ class RayProgram:
                 if mine is None:
                     piece = value.get(box) if isinstance(value, Blocks) else value[slices(box)]
                     if box not in have_boxes:
-                        entry[2].append((box, ("feed", np.asarray(piece))))
+                        entry[2].append((box, ("feed", contiguous(piece))))
                     continue
                 for have, (theirs, _, key) in value.where.items():
                     meet = intersect(have, box)
