@@ -71,6 +71,9 @@ def test_blocks_serve_any_box():
     np.testing.assert_array_equal(b.get(((1, 3), (2, 5))), full[1:3, 2:5])
     assert b.get(((0, 2), (0, 6))) is b.blocks[((0, 2), (0, 6))]
     np.testing.assert_array_equal(b.array(), full)
+    inside = b.get(((2, 4), (1, 3)))  # inside one stored block: a view of it, no copy
+    np.testing.assert_array_equal(inside, full[2:4, 1:3])
+    assert np.shares_memory(inside, b.blocks[((2, 4), (0, 6))])
 
 
 @pytest.mark.parametrize("engine,workers", [("local", 2), ("local", 1), ("reference", 1)])
