@@ -227,7 +227,7 @@ def ab_epilogue(cfg, params, tcfg, data, args) -> None:
 def per_op(cfg, params, tcfg, data, args) -> None:
     """Every block op of the step that runs compiled, timed against its numpy kernel (best of
     5 interleaved rounds, random inputs), weighted by how many tasks run it."""
-    ops = _step_ops(cfg, params, tcfg, data, args, "join, compiled C")
+    ops = _step_ops(cfg, params, tcfg, data, args, ("elementwise, compiled C", "reduction, compiled C"))
     rng = np.random.default_rng(0)
     total = {"compiled": 0.0, "numpy": 0.0}
     for op, count in ops.items():
@@ -258,7 +258,7 @@ def gemms(cfg, params, tcfg, data, args) -> None:
     weighted by how many tasks run it: which shapes keep BLAS from its peak."""
     from threadpoolctl import threadpool_limits
 
-    ops = _step_ops(cfg, params, tcfg, data, args, "GEMM (BLAS)")
+    ops = _step_ops(cfg, params, tcfg, data, args, ("GEMM (BLAS)",))
     rng = np.random.default_rng(0)
     rows = []
     with threadpool_limits(1, "blas"):
@@ -276,15 +276,15 @@ def gemms(cfg, params, tcfg, data, args) -> None:
         print(f"  {t:7.3f} s  {count:4d} x {best * 1e3:7.2f} ms  {rate / 1e9:6.1f} GF/s  {op}")
 
 
-def _step_ops(cfg, params, tcfg, data, args, of_kind: str) -> collections.Counter:
-    """The block ops of ``of_kind`` (``kind``'s classes) in the training step's TaskGraph, with
+def _step_ops(cfg, params, tcfg, data, args, kinds: tuple[str, ...]) -> collections.Counter:
+    """The block ops of ``kinds`` (``kind``'s classes) in the training step's TaskGraph, with
     how many tasks run each: read as the Trainer prepares its program."""
     ops: collections.Counter = collections.Counter()
     original = local.LocalProgram.__init__
 
     def collect(self, tg):
         original(self, tg)
-        ops.update(t.op for t in tg.tasks if isinstance(t, ApplyTask) and kind(t) == of_kind)
+        ops.update(t.op for t in tg.tasks if isinstance(t, ApplyTask) and kind(t) in kinds)
 
     local.LocalProgram.__init__ = collect
     try:
