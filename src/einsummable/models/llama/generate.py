@@ -22,7 +22,6 @@ the cache from numpy arrays (the baseline the benchmark compares against).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -98,7 +97,7 @@ class Generator:
             return prog
         cluster = self._options["cluster"]
         one = {"cluster": replace(cluster, machines=1, cores=1)} if cluster is not None else {"workers": 1}
-        whole = prog.engine == "local" and all(math.prod(part.counts) == 1 for part in prog.plan.parts)
+        whole = prog.engine == "local" and all(part.num_blocks == 1 for part in prog.plan.parts)
         if not (whole or decode):
             return prog
         alone = compile(graph, **(self._options | one))
