@@ -93,7 +93,8 @@ class Generator:
         while a lone worker's matrix products get all the cores), else (a decode) whichever
         the simulation predicts is faster (a token is a chain of matrix-vector products)."""
         prog = compile(graph, **self._options)
-        if prog.taskgraph is None or prog.taskgraph.workers == 1:
+        # the plan's workers, not the taskgraph's: on Ray across machines it is built only on request
+        if prog.plan is None or prog.plan.cluster.workers == 1:
             return prog
         cluster = self._options["cluster"]
         one = {"cluster": replace(cluster, machines=1, cores=1)} if cluster is not None else {"workers": 1}
