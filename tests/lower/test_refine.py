@@ -4,6 +4,7 @@ the reference engine's results."""
 
 import random
 from dataclasses import replace
+from itertools import product
 
 import numpy as np
 from hypothesis import example, given, settings
@@ -14,12 +15,14 @@ from einsummable.engines import local, reference
 from einsummable.engines.feeds import check_feeds
 from einsummable.engines.machine import run_machines
 from einsummable.hardware.cluster import Cluster
+from einsummable.ir.box import intersect
 from einsummable.ir.fuse import fuse
 from einsummable.lower.blockwise import lower_blocks
 from einsummable.lower.cluster import levels, machine_plan
 from einsummable.lower.lowering import lower
-from einsummable.lower.refine import machine_shares, refine, split
+from einsummable.lower.refine import _Grid, machine_shares, refine, split
 from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, PartialTask
+from einsummable.plan.partition import split as cuts
 from einsummable.plan.plan import build
 from einsummable.plan.planners import make_plan
 from einsummable.plan.space import spaces
@@ -153,3 +156,18 @@ def test_a_machine_sends_before_its_other_ready_work():
             assert min(sends) > max(own)
             checked += 1
     assert checked  # some machine both sends and computes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_a_grid_finds_the_cells_a_box_meets_as_testing_every_cell_does(data):
+    """``_Grid.meeting`` bisects; the oracle intersects the box with every cell, in C order."""
+    shape = data.draw(st.lists(st.integers(1, 9), min_size=0, max_size=3))
+    edges = tuple(cuts(n, data.draw(st.integers(1, n))) for n in shape)
+    cells = [tuple((e[c], e[c + 1]) for c, e in zip(cell, edges, strict=True))
+             for cell in product(*(range(len(e) - 1) for e in edges))]
+    grid = _Grid(edges, tuple(range(100, 100 + len(cells))))
+    box = tuple(sorted(data.draw(st.lists(st.integers(0, n), min_size=2, max_size=2, unique=True)))
+                for n in shape)
+    want = [(cell, 100 + k) for k, cell in enumerate(cells) if intersect(cell, box) is not None]
+    assert grid.meeting(box) == want

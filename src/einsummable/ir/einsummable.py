@@ -13,6 +13,7 @@ import math
 import string
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 from einsummable.errors import ExprError, ShapeError, SpecError
 from einsummable.ir import scalar
@@ -138,8 +139,9 @@ class Einsummable:
     def input_shapes(self) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(self.join_shape[i] for i in idx) for idx in self.inputs)
 
-    @property
+    @cached_property
     def dtype(self) -> str:
+        """The result's dtype (kept: a lowering asks it of every block's task)."""
         return scalar.result_dtype(self.join, self.dtypes)
 
     @property

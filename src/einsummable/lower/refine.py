@@ -30,6 +30,7 @@ With ``cc`` all ones and one core the refinement is the share itself.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -37,6 +38,7 @@ import numpy as np
 
 from einsummable.ir.box import Box, box_shape, intersect, whole, within
 from einsummable.ir.dtypes import HALF
+from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.graph import Piece
 from einsummable.lower.blockwise import lower_blocks
 from einsummable.lower.cluster import levels, machine_plan
@@ -128,12 +130,47 @@ def _rows(cg: CompactGraph, ids: np.ndarray) -> CompactGraph:
                    outputs={})
 
 
+@dataclass(frozen=True)
+class _Grid:
+    """A cluster-level block as its core blocks: cut at ``edges`` in each dimension (0 .. n),
+    ``rs`` the refined tasks of the cells in C order. A box finds the cells it meets by
+    bisection, not by testing every cell (a 7B share has blocks of 64 cells read ~400k times)."""
+
+    edges: tuple[tuple[int, ...], ...]
+    rs: tuple[int, ...]
+
+    @staticmethod
+    def whole(shape: Sequence[int], r: int) -> _Grid:
+        return _Grid(tuple((0, n) for n in shape), (r,))
+
+    def meeting(self, box: Box) -> list[tuple[Box, int]]:
+        """The cells that meet ``box`` (its pieces), in C order: (cell's box, its task)."""
+        ranges, flat = [], 0
+        for (lo, hi), e in zip(box, self.edges, strict=True):
+            a, b = max(bisect_right(e, lo) - 1, 0), min(bisect_left(e, hi), len(e) - 1)
+            ranges.append(range(a, b))
+            flat = flat * (len(e) - 1) + a
+        if all(len(r) == 1 for r in ranges):  # most reads: one cell holds the box
+            return [(self._cell(tuple(r[0] for r in ranges)), self.rs[flat])]
+        out = []
+        for cell in itertools.product(*ranges):
+            flat = 0
+            for c, e in zip(cell, self.edges, strict=True):
+                flat = flat * (len(e) - 1) + c
+            out.append((self._cell(cell), self.rs[flat]))
+        return out
+
+    def _cell(self, cell: tuple[int, ...]) -> Box:
+        return tuple((e[c], e[c + 1]) for c, e in zip(cell, self.edges, strict=True))
+
+
 class _Refine:
     def __init__(self, share: Share) -> None:
         self.share, self.cores = share, share.cores
         self.tasks: list[Task] = []
-        self.pieces: dict[int, list[tuple[Box, int]]] = {}  # cluster-level task -> its core blocks
+        self.grids: dict[int, _Grid] = {}  # cluster-level task -> its core blocks
         self.cache: dict[tuple, int] = {}
+        self.blocked: dict[tuple[int, tuple[int, ...]], Einsummable] = {}  # (id of op, block shape) -> op
         self.turn = 0
         self.receive: dict[int, int] = {}
         self.send: dict[int, tuple[int, int]] = {}
@@ -159,34 +196,31 @@ class _Refine:
 
     def read(self, t: int, box: Box, core: int) -> int:
         """A refined task at ``core`` holding ``box`` of cluster-level task t's block."""
-        pieces = self.pieces[t]
-        for have, r in pieces:
-            if have == box:
-                return self.at(r, core)
+        key = ("read", t, box, core)
+        if key in self.cache:  # a box assembled before (only those are kept under this key)
+            return self.cache[key]
+        pieces = self.grids[t].meeting(box)
+        if len(pieces) == 1:  # one core block holds it: that block, or a view of it
+            have, r = pieces[0]
+            return self.at(r, core, None if have == box else within(box, have))
+        ins: dict[int, int] = {}  # each core block's task, read in place (no view task per piece)
+        parts = []
         for have, r in pieces:
             meet = intersect(have, box)
-            if meet == box:
-                return self.at(r, core, within(box, have))
-        key = ("read", t, box, core)
-        if key not in self.cache:
-            ins, parts = [], []
-            for have, r in pieces:
-                meet = intersect(have, box)
-                if meet is not None:
-                    ins.append(self.at(r, core, within(meet, have)))
-                    dst = tuple(a - b for (a, _), (b, _) in zip(meet, box, strict=True))
-                    parts.append(Piece(len(parts), whole(box_shape(meet)), dst))
-            dtype = self.tasks[pieces[0][1]].dtype
-            task = PartialTask(tuple(ins), tuple(parts), box_shape(box), dtype, None, core)
-            self.cache[key] = self.add(task)
-        return self.cache[key]
+            dst = tuple(a - b for (a, _), (b, _) in zip(meet, box, strict=True))
+            parts.append(Piece(ins.setdefault(self.at(r, core), len(ins)), within(meet, have), dst))
+        dtype = self.tasks[self.grids[t].rs[0]].dtype
+        task = PartialTask(tuple(ins), tuple(parts), box_shape(box), dtype, None, core)
+        self.cache[key] = r = self.add(task)
+        return r
 
     def source(self, t: int, box: Box, core: int) -> tuple[int, Box]:
         """A refined task at ``core`` and the box in it that holds ``box`` of task t's block: the
         core block holding it where one does (a slice read in place), else ``read``'s."""
-        for have, r in self.pieces[t]:
-            if intersect(have, box) == box:
-                return self.at(r, core), within(box, have)
+        pieces = self.grids[t].meeting(box)
+        if len(pieces) == 1:
+            have, r = pieces[0]
+            return self.at(r, core), within(box, have)
         return self.read(t, box, core), whole(box_shape(box))
 
     def apply(self, t: int, task: ApplyTask, counts: Counts | None) -> None:
@@ -205,10 +239,10 @@ class _Refine:
             core = (first + j) % self.cores
             args = tuple(self.read(i, tuple(block[d] for d in idx), core)
                          for i, idx in zip(ins, op.inputs, strict=True))
-            sub = op if len(blocks) == 1 else op.block([hi - lo for lo, hi in block])
+            sub = op if len(blocks) == 1 else self.block(op, tuple(hi - lo for lo, hi in block))
             r = self.add(ApplyTask(sub, args, core, task.node))
             sums.setdefault(tuple(block[:op.out_rank]), []).append(r)
-        pieces = []
+        cells = []  # in C order over the output's cuts: blocks run the output's dimensions outermost
         for box, rs in sums.items():
             if len(rs) > 1:
                 core = self.tasks[rs[0]].loc
@@ -216,8 +250,16 @@ class _Refine:
                 parts = tuple(Piece(k, whole(size), (0,) * len(size)) for k in range(len(rs)))
                 rs = [self.add(PartialTask(tuple(self.at(r, core) for r in rs), parts, size, op.dtype, op.agg,
                                            core))]
-            pieces.append((box, rs[0]))
-        self.pieces[t] = pieces
+            cells.append(rs[0])
+        self.grids[t] = _Grid(tuple(cuts(n, c) for n, c in zip(shape[:op.out_rank], counts, strict=False)),
+                              tuple(cells))
+
+    def block(self, op: Einsummable, shape: tuple[int, ...]) -> Einsummable:
+        """``op.block(shape)``, made once per op and shape (its checks cost ~60 µs)."""
+        key = (id(op), shape)
+        if key not in self.blocked:
+            self.blocked[key] = op.block(shape)
+        return self.blocked[key]
 
     def run(self) -> Refined:
         share = self.share
@@ -235,7 +277,7 @@ class _Refine:
                     box = whole(task.shape)
                     r = self.add(InputTask(f"{RECEIVE} %{t}", box, task.dtype, self.next_core()))
                     self.receive[r] = t
-                    self.pieces[t] = [(whole(task.shape), r)]
+                    self.grids[t] = _Grid.whole(task.shape, r)
                 else:  # a send: the box, made at one core, goes to the peer
                     core = self.next_core()
                     r, box = self.source(task.inputs[0], task.box, core)
@@ -252,8 +294,8 @@ class _Refine:
                                       task.shape, task.dtype, core))
             else:
                 r = self.partial(task, core)
-            self.pieces[t] = [(whole(task.shape), r)]
-        held = {t: self.read(t, whole(self.shapes[t]), self.tasks[self.pieces[t][0][1]].loc)
+            self.grids[t] = _Grid.whole(task.shape, r)
+        held = {t: self.read(t, whole(self.shapes[t]), self.tasks[self.grids[t].rs[0]].loc)
                 for t in share.outputs}
         graph = TaskGraph(tuple(self.tasks), {}, self.cores, self.cores)
         return Refined(graph, self.receive, self.send, held)
