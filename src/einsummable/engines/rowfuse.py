@@ -66,13 +66,12 @@ def source(red: Einsummable, join: Einsummable, k: int) -> cbuild.Source | None:
     both have a C form and compiled kernels are on; None otherwise (they run apart).
 
     R keeps dims 0..p-1 and walks them outermost (its largest operand stores them first);
-    J's leading dims are those, its operand ``k`` indexes them alone, and it reads another
-    operand too (a join of R's block alone is a broadcast, no pass to save). f16 stays on
-    numpy, as ``kernels._native`` keeps it; GEMMs and gathers keep their own kernels."""
+    J's leading dims are those and its operand ``k`` indexes them alone. f16 stays on numpy,
+    as ``kernels._native`` keeps it; GEMMs and gathers keep their own kernels."""
     p = red.out_rank
     wide = kept_wide(red) or red
     if not (cbuild.enabled() and red.agg is not None and join.agg is None and 0 < p < red.rank
-            and len(join.inputs) > 1 and join.inputs[k] == tuple(range(p)) and join.rank > p
+            and join.inputs[k] == tuple(range(p)) and join.rank > p
             and join.join_shape[:p] == red.out_shape and join.dtypes[k] == red.dtype
             and "f16" not in (*wide.dtypes, wide.dtype, *join.dtypes, join.dtype)
             and not kernels.is_gemm(red) and kernels.equality_gather(red) is None
