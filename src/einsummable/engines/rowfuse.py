@@ -140,7 +140,9 @@ class Fused:
                 self.failed = fn is None  # the build failed (warned once): the two kernels from now on
             if fn is None:
                 return self._apart(args, variables)
-        arrays = [native.operand(a, *checks) for a, checks in zip(args, self.operands, strict=True)]
+        arrays = [a if type(a) is np.ndarray and a.dtype == t and a.shape == shape and a.flags.c_contiguous
+                  else native.operand(a, t, shape, what)  # the usual case inline: this runs every call
+                  for a, (t, shape, what) in zip(args, self.operands, strict=True)]
         key = tuple([a.strides for a in arrays])
         strides = self.strides.get(key)
         if strides is None:
@@ -151,10 +153,10 @@ class Fused:
         names = self.src.variables
         values = (ctypes.c_double * len(names))(*[native._variable(n, variables) for n in names]) if names \
             else self.no_variables
-        out, at = native._empty(self.join.out_shape, self.dtype)
+        out, where = native._empty(self.join.out_shape, self.dtype)
         address = [a.__array_interface__["data"][0] for a in arrays]
         fn(self.pointers(*[address[at] if at >= 0 else 0 for at in self.slots]), self.sizes, strides, values,
-           ctypes.c_void_p(at))
+           ctypes.c_void_p(where))
         return out
 
     def _apart(self, args: list, variables: dict | None) -> np.ndarray:
