@@ -1,8 +1,11 @@
 """Block kernels: generated C (engines/native) against the numpy path and torch, one thread.
 
 Each pattern is the einsummables the graph holds for it, run on one block as the
-engines run them (``kernels.prepare``); the numpy path is the same ops prepared with
-``EINSUMMABLE_KERNELS=numpy``. Medians (and, for a loaded machine, the best) of interleaved rounds.
+local engine runs them: each op's ``kernels.prepare`` kernel, except that a row reduction
+read by one elementwise step alone runs with it as one fused step (engines/rowfuse.py:
+softmax backward, softmax's and rmsnorm's last two steps, rmsnorm backward's dx). The
+numpy path is the same ops prepared with ``EINSUMMABLE_KERNELS=numpy``, unfused.
+Medians (and, for a loaded machine, the best) of interleaved rounds.
 
     PYTHONPATH=src python benchmarks/join_kernels.py [--rows 1024] [--repeats 7] [--only causal]
 
@@ -189,6 +192,8 @@ def main() -> None:
                 ms = " ".join(f"{t[k] * 1e3:8.3f}ms" for k in ("compiled", "numpy", "torch"))
                 print(f"{name if label == 'median' else '':<18} {ms}   {t['numpy'] / t['compiled']:10.2f}x"
                       f"  {t['torch'] / t['compiled']:12.2f}x   ({label} of {args.repeats})")
+            for j, (r, _) in _row_pairs(steps).items():
+                print(f"{'':<18} compiled: {steps[r][2]} and {steps[j][2]} as one fused step (rowfuse.py)")
 
 
 def rounds(fns: dict, repeats: int) -> dict[str, list[float]]:
