@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import hashlib
 
+from einsummable.engines import kernels
 from einsummable.engines.ccodegen import (
     COMPUTE,
     IDENTITY,
     STORAGE,
     Source,
+    _body,
     _Emitter,
     _generate,
     _inner,
+    _literal,
     loop_order,
 )
+from einsummable.engines.kernels import factored_parts
 from einsummable.errors import Unsupported
 from einsummable.ir import scalar
 from einsummable.ir.einsummable import Einsummable
@@ -67,7 +71,7 @@ def _generate_pair(red: Einsummable, join: Einsummable, k: int, rounded: str) ->
         depth += 1
     pad = "  " * depth
     lines.append(f"{pad}{acc_t} row_;")
-    lines += _scope(red, names, pad, "r", _reduce_decls(red, acc_t), acc_t, {"y": "0"})
+    lines += _reduction(red, names, pad, acc_t)
     store = "st_bf16(row_)" if rounded == "bf16" else f"({STORAGE[rounded]})row_"
     head = [f"const {STORAGE[rounded]} rv_[1] = {{{store}}};",
             f"const {STORAGE[rounded]} *restrict x{k} = rv_;",
@@ -77,7 +81,8 @@ def _generate_pair(red: Einsummable, join: Einsummable, k: int, rounded: str) ->
         head.append(f"const int64_t o_{d} = {stride};")
         stride = f"o_{d} * n[{d}]"
     offsets = {k: "0", "y": " + ".join(f"i{d} * o_{d}" for d in range(p))}
-    lines += _scope(join, names, pad, "j", head, acc_t, offsets, skip=k)
+    slots = [None if m == k else m for m in range(len(join.inputs))]
+    lines += _scope(join, names, pad, "j", head, acc_t, offsets, slots, join.rank, p)
     for level in reversed(range(depth)):
         lines.append("  " * level + "}")
     body = "".join("  " + line + "\n" for line in lines)
@@ -86,27 +91,57 @@ def _generate_pair(red: Einsummable, join: Einsummable, k: int, rounded: str) ->
     return Source(name, text, (), names, False)
 
 
-def _reduce_decls(red: Einsummable, acc_t: str) -> list[str]:
-    """R's output is one register per row: ``y[0]``, which ``_inner`` folds each lane sum into."""
-    return [f"{acc_t} y[1] = {{({acc_t}){IDENTITY[red.agg]}}};"]
+def _reduction(red: Einsummable, names: tuple[str, ...], pad: str, acc_t: str) -> list[str]:
+    """R's value at this row into ``row_``, as ``kernels.prepare`` computes it: the sum of the join,
+    or, where it factors R (``kernels.factored_parts``), the sum of the inner factors times the
+    outer ones, each outer factor rounded as its own kernel rounds it."""
+    parts = factored_parts(red)
+    head = [f"{acc_t} y[1] = {{({acc_t}){IDENTITY[red.agg]}}};"]  # folded into by ``_inner``'s lanes
+    if parts is None:
+        return _scope(red, names, pad, "r", head, acc_t, {"y": "0"}, list(range(len(red.inputs))), red.rank,
+                      red.out_rank)
+    (inner, used), (outer, o_used) = parts
+    if len(set(red.dtypes)) > 1 or kernels.is_gemm(inner) or kernels.equality_gather(inner) is not None \
+            or (o_used and outer.dtype != red.dtype) or (not o_used and variables_used(outer)):
+        raise Unsupported("a factored reduction numpy would promote, or a GEMM, gather or run-time scale")
+    lines = _scope(inner, names, pad, "r", head, acc_t, {"y": "0"}, used, red.rank, red.out_rank)
+    if not o_used:  # folded in double, then the sum's dtype (numpy's Python-number rule)
+        return [*lines, f"{pad}row_ = row_ * ({acc_t}){_literal(scalar.constant_value(outer))};"]
+    em = _Emitter(outer, names)
+    value = em.root()
+    rounded = f"ld_bf16(st_bf16((float)({value})))" if outer.dtype == "bf16" else \
+        f"({COMPUTE[outer.dtype]})({value})"
+    scope = ["const int64_t *s = s_r;", "char **in_ = in_r;"]
+    offsets = {}
+    for m, (idx, slot) in enumerate(zip(outer.inputs, o_used, strict=True)):
+        t = STORAGE[outer.dtypes[m]]
+        scope.append(f"const {t} *restrict x{m} = (const {t} *)in_[{slot}];")
+        scope += [f"const int64_t s{m}_{i} = s[{slot * red.rank + i}];" for i in idx]
+        offsets[m] = " + ".join(f"i{i} * s{m}_{i}" for i in idx) or "0"
+    scope += _body(outer, em, value, None, offsets, False, acc_t, "", invariant=True)  # loads and steps
+    scope.append(f"row_ = row_ * ({acc_t}){rounded};")
+    return [*lines, pad + "{", *(f"{pad}  {line}" for line in scope), pad + "}"]
 
 
 def _scope(op: Einsummable, names: tuple[str, ...], pad: str, half: str, head: list[str], acc_t: str,
-           offsets: dict, skip: int | None = None) -> list[str]:
+           offsets: dict, slots: list[int | None], rank: int, p: int) -> list[str]:
     """One half, in its own block: ``n``, ``s`` and ``in_`` rebound to its own arguments, its
-    operands' pointers and strides, their offsets at this row, then its loops over the row."""
+    operands' pointers and strides (operand m is argument ``slots[m]``; None: set in ``head``),
+    their offsets at this row, then its loops over the row (its dims from ``p`` on)."""
     em = _Emitter(op, names)
     value = em.root()
-    rank, p = op.rank, (op.out_rank if op.agg else len(op.inputs[skip]))
     lines = [f"const int64_t *n = n_{half}, *s = s_{half};", f"char **in_ = in_{half};", *head]
     offsets = dict(offsets)
     for m, (idx, d) in enumerate(zip(op.inputs, op.dtypes, strict=True)):
-        if m == skip:
+        slot = slots[m]
+        if slot is None:
             continue
-        lines.append(f"const {STORAGE[d]} *restrict x{m} = (const {STORAGE[d]} *)in_[{m}];")
-        lines += [f"const int64_t s{m}_{i} = s[{m * rank + i}];" for i in idx]
+        lines.append(f"const {STORAGE[d]} *restrict x{m} = (const {STORAGE[d]} *)in_[{slot}];")
+        lines += [f"const int64_t s{m}_{i} = s[{slot * rank + i}];" for i in idx]
         terms = [f"i{i} * s{m}_{i}" for i in idx if i < p]
         offsets[m] = " + ".join(terms) or "0"
+    if loop_order(op)[:p] != tuple(range(p)):
+        raise Unsupported("a reduction walked with a kept dim inside: no row to fuse")
     order = loop_order(op)[p:]  # the row's dims, outermost first; the last streams
     inner = [pad + "  " + line for line in lines]
     depth = 1
@@ -114,14 +149,14 @@ def _scope(op: Einsummable, names: tuple[str, ...], pad: str, half: str, head: l
         inner.append(f"{pad}{'  ' * depth}for (int64_t i{d} = 0; i{d} < n[{d}]; i{d}++) {{")
         depth += 1
         for m, idx in enumerate(op.inputs):
-            if m != skip and d in idx:
+            if slots[m] is not None and d in idx:
                 inner.append(f"{pad}{'  ' * depth}const int64_t a{m}_{d} = {offsets[m]} + i{d} * s{m}_{d};")
                 offsets[m] = f"a{m}_{d}"
         if op.agg is None:
             inner.append(f"{pad}{'  ' * depth}const int64_t ay_{d} = {offsets['y']} + i{d} * o_{d};")
             offsets["y"] = f"ay_{d}"
     last, deep = order[-1], pad + "  " * depth
-    unit = [f"s{m}_{last} == 1" for m, idx in enumerate(op.inputs) if m != skip and last in idx]
+    unit = [f"s{m}_{last} == 1" for m, idx in enumerate(op.inputs) if slots[m] is not None and last in idx]
     if op.agg is None:
         unit.append(f"o_{last} == 1")
     inner.append(f"{deep}if ({' && '.join(unit) or '1'}) {{")
