@@ -223,3 +223,27 @@ def test_a_failed_build_runs_the_two_kernels_apart(monkeypatch):
     got = step([y, dy], {}, None)
     assert step.failed and step.fn is None
     np.testing.assert_allclose(got, y * (dy - (y * dy).sum(1, keepdims=True)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fused_rows_give_the_unfused_engines_bits(monkeypatch, workers):
+    """A residual rmsnorm block and its gradient (rmsnorm backward's dx fuses, as in Llama's step):
+    with row pairs fused the local engine gives the bits it gives with them apart."""
+    g = es.Graph()
+    x, w, v = g.input("x", (64, 96)), g.input("w", (96,)), g.input("v", (96, 96))
+    h = x + es.nn.rmsnorm(x, w) @ v
+    loss = (es.nn.rmsnorm(h, w) * h).sum()
+    for name, grad in zip(("dx", "dw"), es.grad(loss, [x, w]), strict=True):
+        g.output(name, grad)
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((64, 96), dtype=np.float32),
+             "w": rng.standard_normal(96, dtype=np.float32),
+             "v": rng.standard_normal((96, 96), dtype=np.float32) / 10}
+    fused = _against_reference(g, feeds, workers, 1e-4)
+    assert fused.executor.rows
+    monkeypatch.setattr(rowfuse, "pairs", lambda tasks, keep: {})
+    apart = es.compile(g, workers=workers)
+    assert apart.executor.rows == {}
+    got, want = fused.run(feeds), apart.run(feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
