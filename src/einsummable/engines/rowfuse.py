@@ -6,14 +6,15 @@ Softmax backward sums ``y * dy`` per row, then writes ``y * (dy - t)``; rmsnorm 
 elementwise join J on the same worker that reads it broadcast along R's reduced dims
 (J's leading dims are R's kept dims), the local engine runs both as one generated C
 function (engines/crows.py): per row, R's reduction into a register, then J's body over
-the row while it is still in L1. Softmax backward on a 1024 x 256 block: one pass where
-two from L3 cannot reach twice the numpy path's speed.
+the row while it is still in L1. Softmax backward on a 1024 x 256 f32 block: 0.052 ms
+against 0.076 for the two kernels and 0.110 for the numpy path (join_kernels.py).
 
 As with GEMM epilogues (epilogue.py) the TaskGraph keeps both tasks; only the local
-engine's dependency lists change: J's task reads R's inputs, then its own other
-operands (those R does not read), and R's task reads nothing and yields nothing. Without compiled kernels
-(``EINSUMMABLE_KERNELS=numpy``, no compiler) nothing fuses; a build that fails at run
-time runs R's and J's own kernels, one after the other.
+engine's dependency lists change: J's task reads R's inputs, then those of its own
+operands R does not read, and R's task reads nothing and yields nothing. The fused step
+gives the bits the two tasks give apart. Without compiled kernels (``EINSUMMABLE_KERNELS
+=numpy``, no compiler) nothing fuses; a build that fails at run time runs R's and J's
+own kernels, one after the other.
 
     rows = pairs(tg.tasks, keep)          # {join task: (reduction task, its operand position)}
 """
@@ -27,7 +28,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from einsummable.engines import cbuild, crows, kernels, native
-from einsummable.engines.ccodegen import loop_order
 from einsummable.engines.reference_kernel import kept_wide
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
@@ -65,9 +65,9 @@ def source(red: Einsummable, join: Einsummable, k: int) -> cbuild.Source | None:
     """The fused function where ``join`` reads ``red``'s block as operand ``k`` a row at a time,
     both have a C form and compiled kernels are on; None otherwise (they run apart).
 
-    R keeps dims 0..p-1 and walks them outermost (its largest operand stores them first);
-    J's leading dims are those and its operand ``k`` indexes them alone. f16 stays on numpy,
-    as ``kernels._native`` keeps it; GEMMs and gathers keep their own kernels."""
+    R keeps dims 0..p-1 and walks them outermost (its largest operand stores them first:
+    crows checks); J's leading dims are those and its operand ``k`` indexes them alone. f16
+    stays on numpy, as ``kernels._native`` keeps it; GEMMs and gathers keep their kernels."""
     p = red.out_rank
     wide = kept_wide(red) or red
     if not (cbuild.enabled() and red.agg is not None and join.agg is None and 0 < p < red.rank
@@ -75,7 +75,6 @@ def source(red: Einsummable, join: Einsummable, k: int) -> cbuild.Source | None:
             and join.join_shape[:p] == red.out_shape and join.dtypes[k] == red.dtype
             and "f16" not in (*wide.dtypes, wide.dtype, *join.dtypes, join.dtype)
             and not kernels.is_gemm(red) and kernels.equality_gather(red) is None
-            and loop_order(wide)[:p] == tuple(range(p))
             and (red.agg in ("add", "mul") or math.prod(red.join_shape[p:]) > 0)):
         return None
     return crows.generate(wide, join, k, red.dtype)
