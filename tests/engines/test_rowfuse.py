@@ -193,6 +193,20 @@ def test_local_engine_fuses_row_pairs_and_matches_the_reference(workers, dtype):
         assert prog.executor.inputs[r] == () and set(tasks[r].inputs) <= set(prog.executor.inputs[j])
 
 
+def test_a_block_read_twice_is_handed_over_once():
+    """R reads y twice and J reads it again: the fused step takes it once."""
+    g = es.Graph()
+    y, w = g.input("y", (16, 40)), g.input("w", (40,))
+    t = es.einsum("ij,ij->i", y, y, join="x0 * x1", agg="add")
+    g.output("o", es.einsum("ij,i,ij,j->ij", y, t, y, w, join="x0 / x1 - x2 * x3"))
+    rng = np.random.default_rng(4)
+    feeds = {"y": rng.standard_normal((16, 40), dtype=np.float32),
+             "w": rng.standard_normal(40, dtype=np.float32)}
+    prog = _against_reference(g, feeds, 1, 2e-5)
+    (j, _), = prog.executor.rows.items()
+    assert len(prog.executor.inputs[j]) == 2  # y and w
+
+
 def test_a_reduction_read_twice_or_kept_as_an_output_runs_apart():
     g = es.Graph()
     y, dy = g.input("y", (16, 24)), g.input("dy", (16, 24))

@@ -91,10 +91,10 @@ def rewire(inputs: list[tuple[int, ...]], rows: dict[int, tuple[int, int]]) -> l
 
 
 def shared(red_inputs: Sequence, join_inputs: Sequence, k: int) -> tuple:
-    """What the fused step reads: R's operands, then J's others that R does not read."""
-    out = list(red_inputs)
-    for m, name in enumerate(join_inputs):
-        if m != k and name not in out:
+    """What the fused step reads: R's operands, then J's others, each block once."""
+    out: list = []
+    for name in [*red_inputs, *join_inputs[:k], *join_inputs[k + 1 :]]:
+        if name not in out:
             out.append(name)
     return tuple(out)
 
@@ -110,7 +110,6 @@ class Fused:
         self.red, self.join, self.k, self.src = red, join, k, src
         self.fn: ctypes._CFuncPtr | None = None
         self.failed = False
-        self.apart = (kernels.prepare(red), kernels.prepare(join))
         names = shared(red_inputs, join_inputs, k)
         # each operand of R, then of J (R's block: -1), as an index into the step's arguments
         self.slots = [names.index(n) for n in red_inputs] + \
@@ -159,7 +158,7 @@ class Fused:
         return out
 
     def _apart(self, args: list, variables: dict | None) -> np.ndarray:
-        run_red, run_join = self.apart
+        run_red, run_join = kernels.prepare(self.red), kernels.prepare(self.join)  # only now: not built else
         block = run_red([args[at] for at in self.red_slots], variables)
         return run_join([args[at] if at >= 0 else block for at in self.join_slots], variables)
 
