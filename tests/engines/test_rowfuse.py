@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import einsummable as es
 from einsummable.engines import cbuild, kernels, native, rowfuse
 from einsummable.ir import scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
+from einsummable.ir.expr import Const, Input, Var, call, inputs_used
 
 pytestmark = pytest.mark.skipif(
     not cbuild.enabled() or cbuild.compiler() is None,
@@ -261,3 +264,63 @@ def test_fused_rows_give_the_unfused_engines_bits(monkeypatch, workers):
     got, want = fused.run(feeds), apart.run(feeds)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def _exprs(n_inputs: int):
+    """Joins from the language's grammar: every kind of step, constants special and plain."""
+    leaf = st.one_of(st.sampled_from([Input(i) for i in range(n_inputs)]),
+                     st.sampled_from([Const(v) for v in (np.nan, np.inf, -0.0, 1.0, 2.5)]), st.just(Var("v")))
+
+    def extend(kids):
+        return st.one_of(
+            st.builds(lambda op, a: call(op, a), st.sampled_from(["neg", "abs", "exp", "sqrt", "relu"]),
+                      kids),
+            st.builds(lambda op, a, b: call(op, a, b), st.sampled_from(["add", "sub", "mul", "div", "max"]),
+                      kids, kids),
+            st.builds(lambda a, b, t, f: call("where", call("lt", a, b), t, f), kids, kids, kids, kids))
+
+    return st.recursive(leaf, extend, max_leaves=5)
+
+
+@st.composite
+def _random_pairs(draw):
+    """R over rows (a product, a sum of anything, factored or not, every aggregation) and J
+    reading its block at position 1, with random sizes and dtype."""
+    rspec = draw(st.sampled_from(["ij,ij->i", "ij,i->i", "ij,j->i", "ij,ji->i"]))
+    jspec = draw(st.sampled_from(["ij,i,ij->ij", "ij,i,j->ij", "ij,i,i->ij"]))
+    rows, cols = draw(st.sampled_from([1, 3, 7])), draw(st.sampled_from([1, 5, 32, 45]))
+    dtype = draw(st.sampled_from(["f32", "f64", "bf16"]))
+    size = {"i": rows, "j": cols}
+    ops = []
+    for spec, agg in ((rspec, draw(st.sampled_from(["add", "add", "mul", "max", "min"]))), (jspec, None)):
+        terms = spec.split("->")[0].split(",")
+        join = draw(_exprs(len(terms)))
+        for k in range(len(terms)):  # every operand read
+            join = call("mul", join, Input(k)) if k not in inputs_used(join) else join
+        ops.append(Einsummable.from_spec(spec, [tuple(size[c] for c in t) for t in terms], join=join, agg=agg,
+                                         dtypes=[dtype] * len(terms)))
+    return ops[0], ops[1], draw(st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.lists(_random_pairs(), min_size=25, max_size=25))
+def test_random_fused_pairs_give_the_bits_of_their_two_kernels(pairs):
+    """Random joins on both sides, NaN / ±inf / -0.0 in the values and constants, strided
+    operands: wherever a pair fuses, its step gives the bits of the two kernels apart."""
+    built = []
+    for red, join, seed in pairs:
+        if rowfuse.source(red, join, 1) is not None:
+            rnames, jnames = ("r0", "r1"), ("j0", "r", "j2")
+            built.append((red, join, seed, rnames, jnames, rowfuse.step(red, join, 1, rnames, jnames),
+                          kernels.prepare(red), kernels.prepare(join)))
+    assert len(built) >= 10  # most pairs fuse: this test tests something
+    native.flush()
+    for red, join, seed, rnames, jnames, step, c_red, c_join in built:
+        arrays = _arrays(red, join, 1, rnames, jnames, red.dtype, seed, special=True)
+        with np.errstate(all="ignore"):
+            got = step([arrays[n] for n in rowfuse.shared(rnames, jnames, 1)], {}, {"v": -1.5})
+            block = c_red([arrays[n] for n in rnames], {"v": -1.5})
+            want = c_join([block if m == 1 else arrays[n] for m, n in enumerate(jnames)], {"v": -1.5})
+        same = _same(got, want)
+        what = f"{red.spec} {scalar.to_string(red.join)} / {join.spec} {scalar.to_string(join.join)}"
+        assert same.all(), f"{what}: {got[~same][:4]} vs {want[~same][:4]}"
