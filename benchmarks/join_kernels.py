@@ -1,8 +1,11 @@
 """Block kernels: generated C (engines/native) against the numpy path and torch, one thread.
 
 Each pattern is the einsummables the graph holds for it, run on one block as the
-engines run them (``kernels.prepare``); the numpy path is the same ops prepared with
-``EINSUMMABLE_KERNELS=numpy``. Medians (and, for a loaded machine, the best) of interleaved rounds.
+local engine runs them: each op's ``kernels.prepare`` kernel, except that a row reduction
+read by one elementwise step alone runs with it as one fused step (engines/rowfuse.py:
+softmax backward, softmax's and rmsnorm's last two steps, rmsnorm backward's dx). The
+numpy path is the same ops prepared with ``EINSUMMABLE_KERNELS=numpy``, unfused.
+Medians (and, for a loaded machine, the best) of interleaved rounds.
 
     PYTHONPATH=src python benchmarks/join_kernels.py [--rows 1024] [--repeats 7] [--only causal]
 
@@ -27,7 +30,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from einsummable.engines import cbuild, kernels, local, native
+from einsummable.engines import cbuild, kernels, local, native, rowfuse
 from einsummable.ir.einsummable import Einsummable
 
 F32 = np.float32
@@ -112,8 +115,22 @@ def patterns(rows: int, ff: int, d: int, keys: int) -> dict:
     }
 
 
-def runner(steps, feeds, prepare):
-    prepared = [(prepare(o), names, out) for o, names, out in steps]
+def runner(steps, feeds, prepare, fuse: bool = False):
+    """The steps in order, each prepared once. With ``fuse``, a row reduction whose result one
+    elementwise step alone reads runs with it as the local engine runs that pair: one fused
+    step (engines/rowfuse.py), which never makes the reduction's block."""
+    fused = _row_pairs(steps) if fuse else {}
+    skipped = {r for r, _ in fused.values()}
+    prepared = []
+    for i, (o, names, out) in enumerate(steps):
+        if i in fused:
+            r, k = fused[i]
+            red, red_names, _ = steps[r]
+            step = rowfuse.step(red, o, k, red_names, names)
+            prepared.append((lambda args, variables, step=step: step(args, {}, variables),
+                             rowfuse.shared(red_names, names, k), out))
+        elif i not in skipped:
+            prepared.append((prepare(o), names, out))
 
     def run():
         env = dict(feeds)
@@ -122,6 +139,17 @@ def runner(steps, feeds, prepare):
         return env
 
     return run
+
+
+def _row_pairs(steps) -> dict[int, tuple[int, int]]:
+    """{join step: (reduction step, operand)} where the local engine fuses them: the reduction's
+    result is read by that step alone and ``rowfuse.source`` has a function for the pair."""
+    out = {}
+    for r, (red, _, name) in enumerate(steps):
+        readers = [(j, k) for j, (_, names, _) in enumerate(steps) for k, n in enumerate(names) if n == name]
+        if len(readers) == 1 and rowfuse.source(red, steps[readers[0][0]][0], readers[0][1]) is not None:
+            out[readers[0][0]] = (r, readers[0][1])
+    return out
 
 
 def main() -> None:
@@ -152,11 +180,11 @@ def main() -> None:
         for name, (steps, torch_fn, feeds) in patterns(args.rows, args.ff, args.d, args.keys).items():
             if args.only not in name:
                 continue
-            ours = runner(steps, feeds, kernels.prepare)
+            ours = runner(steps, feeds, kernels.prepare, fuse=True)
             native.flush()
             base = runner(steps, feeds, numpy_path)
             a, b = ours(), base()
-            for _, _, out in steps:  # the same numbers, before timing
+            for out in a.keys() & b.keys():  # the same numbers, before timing (a fused pair's one result)
                 np.testing.assert_allclose(a[out], b[out], rtol=2e-4, atol=1e-5)
             runs = rounds({"compiled": ours, "numpy": base, "torch": torch_fn}, args.repeats)
             for label, stat in (("median", statistics.median), ("best", min)):
@@ -164,6 +192,8 @@ def main() -> None:
                 ms = " ".join(f"{t[k] * 1e3:8.3f}ms" for k in ("compiled", "numpy", "torch"))
                 print(f"{name if label == 'median' else '':<18} {ms}   {t['numpy'] / t['compiled']:10.2f}x"
                       f"  {t['torch'] / t['compiled']:12.2f}x   ({label} of {args.repeats})")
+            for j, (r, _) in _row_pairs(steps).items():
+                print(f"{'':<18} compiled: {steps[r][2]} and {steps[j][2]} as one fused step (rowfuse.py)")
 
 
 def rounds(fns: dict, repeats: int) -> dict[str, list[float]]:

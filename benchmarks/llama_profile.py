@@ -22,7 +22,7 @@ import types
 import numpy as np
 
 from common import add_llama_arguments
-from einsummable.engines import cbuild, epilogue, gemm, kernels, local, native
+from einsummable.engines import cbuild, epilogue, gemm, kernels, local, native, rowfuse
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.expr import variables_used
 from einsummable.lower.taskgraph import ApplyTask, PartialTask
@@ -61,6 +61,9 @@ def main() -> None:
     parser.add_argument("--ab", action="store_true", help="compiled against numpy kernels, alternating")
     parser.add_argument("--per-op", action="store_true",
                         help="each compiled join of the step against its numpy kernel, on its own")
+    parser.add_argument("--ab-rows", action="store_true",
+                        help="with row reductions fused into their readers (engines/rowfuse.py) against "
+                             "without, alternating")
     parser.add_argument("--ab-epilogue", action="store_true",
                         help="with GEMM epilogues against without (engines/epilogue.py), alternating")
     parser.add_argument("--top", type=int, default=0, help="list the costliest non-GEMM block ops")
@@ -73,8 +76,8 @@ def main() -> None:
     data = np.random.default_rng(2).integers(0, cfg.vocab_size, 1 << 20)
     if args.ab:
         return ab(cfg, params, tcfg, data, args)
-    if args.ab_epilogue:
-        return ab_epilogue(cfg, params, tcfg, data, args)
+    if args.ab_epilogue or args.ab_rows:
+        return ab_fusion(cfg, params, tcfg, data, args, rowfuse if args.ab_rows else epilogue)
     if args.per_op:
         return per_op(cfg, params, tcfg, data, args)
     if args.gemms:
@@ -89,6 +92,8 @@ def main() -> None:
         kinds = [kind(t) for t in tg.tasks]
         for j in getattr(self, "fused", {}):  # a join's task that runs its GEMM first (engines/epilogue.py)
             kinds[j] = "GEMM (BLAS) + epilogue join"
+        for j in getattr(self, "rows", {}):  # a join's task that runs its row reduction (engines/rowfuse.py)
+            kinds[j] = "row reduction + join, compiled C"
 
         def wrap(step, k, what):
             def run(*a):
@@ -190,20 +195,20 @@ def ab(cfg, params, tcfg, data, args) -> None:
           f"numpy {med['numpy']:.3f} s, numpy/compiled = {med['numpy'] / med['compiled']:.2f}")
 
 
-def ab_epilogue(cfg, params, tcfg, data, args) -> None:
-    """Median step time with GEMM epilogues fused into their GEMMs' tasks and without, stepped
-    in alternation."""
-    pairs = epilogue.pairs
+def ab_fusion(cfg, params, tcfg, data, args, fusion) -> None:
+    """Median step time with ``fusion``'s pairs (GEMM epilogues, engines/epilogue.py, or row
+    reductions, engines/rowfuse.py) fused into one task and without, stepped in alternation."""
+    pairs = fusion.pairs
     variants = {"fused": pairs, "apart": lambda tasks, keep: {}}
     trainers = {}
     try:
         for name, variant in variants.items():
-            epilogue.pairs = variant
+            fusion.pairs = variant
             trainers[name] = Trainer(cfg, params, tcfg, data, workers=args.workers)
     finally:
-        epilogue.pairs = pairs
+        fusion.pairs = pairs
     for name, t in trainers.items():
-        print(f"{name}: {len(t.program.executor.fused)} epilogues")
+        print(f"{name}: {len(t.program.executor.fused)} epilogues, {len(t.program.executor.rows)} row pairs")
         t.train_step()  # warm-up
     times: dict[str, list[float]] = {m: [] for m in trainers}
     cpu: dict[str, list[float]] = {m: [] for m in trainers}  # CPU seconds: less of the others' load

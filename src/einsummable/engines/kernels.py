@@ -70,8 +70,8 @@ def _body(op: Einsummable) -> Kernel:
 
         if reduce:  # a row max or sum: the C kernel's lanes, not a ufunc's reduce (0.035 ms vs 0.083)
             body = _native(op, body)
-    elif _aggregated_size(op) > 0 and (split := _outer_factors(op)) is not None:
-        body = _factored(op, *split)
+    elif (parts := factored_parts(op)) is not None:
+        body = _factored(parts)
     elif op.agg and 0 < _aggregated_size(op) <= TINY_INNER:  # (an empty sum is the generic path's)
         body = _native(op, _small_reduce(op))
     else:
@@ -162,19 +162,34 @@ def _product(factors: list[tuple[Expr, bool]]) -> Expr:
     return call("div", num, chain(den)) if den else num
 
 
-def _factored(op: Einsummable, outer: Expr, inner: Expr) -> Kernel:
-    """``outer * sum(inner)``, each an einsummable over the operands it reads."""
+Part = tuple[Einsummable | Expr, list[int]]
+
+
+def factored_parts(op: Einsummable) -> tuple[Part, Part] | None:
+    """Where ``prepare`` runs ``op`` as ``outer * sum(inner)`` (``_outer_factors``): the sum of the
+    inner factors and the outer factors, each an einsummable over the operands it reads (their
+    positions beside it), or an Expr of constants and run-time variables where it reads none."""
+    split = _outer_factors(op) if _aggregated_size(op) > 0 else None
+    if split is None:
+        return None
+    outer, inner = split
     parts = []
     for expr, shape, agg in ((inner, op.join_shape, "add"), (outer, op.out_shape, None)):
         used = sorted(inputs_used(expr))
         renumbered = substitute(expr, {k: Input(j) for j, k in enumerate(used)})
         if used:
-            part = Einsummable(shape, tuple(op.inputs[k] for k in used), op.out_rank, renumbered, agg,
-                               tuple(op.dtypes[k] for k in used))
-            parts.append((_body(part), used))
+            parts.append((Einsummable(shape, tuple(op.inputs[k] for k in used), op.out_rank, renumbered, agg,
+                                      tuple(op.dtypes[k] for k in used)), used))
         else:  # constants and run-time variables only
             parts.append((renumbered, used))
-    (summed, s_used), (scale, o_used) = parts
+    return parts[0], parts[1]
+
+
+def _factored(parts: tuple[Part, Part]) -> Kernel:
+    """``outer * sum(inner)``, each an einsummable over the operands it reads."""
+    (inner, s_used), (outer, o_used) = parts
+    summed = _body(inner)
+    scale = _body(outer) if o_used else outer
 
     def body(arrays, variables):
         total = summed([arrays[k] for k in s_used], variables)

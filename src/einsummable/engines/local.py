@@ -5,7 +5,8 @@ dependency loop (``scheduler.run``) with each task pinned to its planned worker,
 BLAS limited to one thread per worker (all the cores for a single worker, which
 runs inline), and the engines' fast kernels:
 contractions as batched GEMM, joins compiled to ufunc sequences, embeddings as
-gathers; a GEMM's lone elementwise reader runs in the GEMM's task (epilogue.py).
+gathers; a GEMM's lone elementwise reader runs in the GEMM's task (epilogue.py), and
+a row reduction's, a row at a time in one generated C function (rowfuse.py).
 Blocks are freed after their last reader; partial sums accumulate in place; a
 move inside the process is a view, not a copy. Feeds are never written.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from einsummable.engines import epilogue, kernels, native, reference_kernel, scheduler
+from einsummable.engines import epilogue, kernels, native, reference_kernel, rowfuse, scheduler
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.ir import priority
@@ -167,7 +168,7 @@ def _view(task: ViewTask):
 
 
 def _nothing(args, feeds, variables) -> None:
-    """A GEMM's own task once its join's task runs it (engines/epilogue.py)."""
+    """A GEMM's or a row reduction's own task once its join's task runs it (epilogue.py, rowfuse.py)."""
     return None
 
 
@@ -236,13 +237,19 @@ class LocalProgram:
         tasks = tg.tasks
         self.location = [t.loc for t in tasks]
         self.keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
-        self.fused = epilogue.pairs(tasks, self.keep)  # GEMM epilogues: each runs in its join's task
-        self.inputs = epilogue.rewire([t.inputs for t in tasks], self.fused)
+        self.rows = rowfuse.pairs(tasks, self.keep)  # row reductions: each runs in its one reader's task
+        self.fused = {j: gk for j, gk in epilogue.pairs(tasks, self.keep).items()  # GEMM epilogues, likewise
+                      if j not in self.rows}
+        self.inputs = rowfuse.rewire(epilogue.rewire([t.inputs for t in tasks], self.fused), self.rows)
         cost = [task_cost(t) for t in tasks]
         self.steps = [PREPARE[type(t)](t) for t in tasks]
         for j, (g, k) in self.fused.items():
             cost[j], cost[g] = cost[j] + cost[g], 0.0
             self.steps[j], self.steps[g] = epilogue.step(tasks[g].op, tasks[j].op, k), _nothing
+        for j, (r, k) in self.rows.items():
+            cost[j], cost[r] = cost[j] + cost[r], 0.0
+            red, join = tasks[r], tasks[j]
+            self.steps[j], self.steps[r] = rowfuse.step(red.op, join.op, k, red.inputs, join.inputs), _nothing
         self.rank = priority.ranks(self.inputs, cost)
         native.flush()  # the compiled kernels, built together, at prepare
 

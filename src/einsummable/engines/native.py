@@ -34,9 +34,14 @@ def kernel(op: Einsummable, fallback: Body) -> Body:
     src = cbuild.source(op)
     if src is None:
         return fallback
+    register(src)
+    return _Compiled(op, src, fallback)
+
+
+def register(src: cbuild.Source) -> None:
+    """Build ``src`` with the next batch (``flush``), not alone at its first call."""
     with _pending_lock:
         _pending[src.name] = src
-    return _Compiled(op, src, fallback)
 
 
 def flush() -> None:
@@ -90,26 +95,36 @@ class _Compiled:
         return out
 
     def _operand(self, k: int, a: np.ndarray) -> np.ndarray:
-        dtype = self.dtypes[k]
-        if type(a) is np.ndarray and a.dtype == dtype and a.shape == self.shapes[k] and a.flags.c_contiguous:
-            return a  # the usual case, checked first: this runs on every call
-        if type(a) is not np.ndarray or a.dtype != dtype:  # a whole reduction may hand over a scalar
-            a = np.asarray(a, dtype=dtype)
-        if a.shape != self.shapes[k]:
-            raise ShapeError(f"operand {k} of {self.op.spec} has shape {a.shape}; expected {self.shapes[k]}")
-        # a contiguous array's strides are whole elements (a size-1 dim's may be anything: times 0)
-        if not a.flags.c_contiguous and any(s % dtype.itemsize for s in a.strides):
-            a = np.ascontiguousarray(a)
-        return a
+        return operand(a, self.dtypes[k], self.shapes[k], lambda: f"operand {k} of {self.op.spec}")
 
     def _strides(self, arrays: list[np.ndarray]) -> ctypes.Array:
-        """Each operand's stride, in elements, along every join dim (0 where it has none)."""
-        rank = self.op.rank
-        out = (ctypes.c_int64 * max(1, len(arrays) * rank))()
-        for k, (a, idx) in enumerate(zip(arrays, self.op.inputs, strict=True)):
-            for pos, d in enumerate(idx):
-                out[k * rank + d] = a.strides[pos] // a.itemsize
+        out = (ctypes.c_int64 * max(1, len(arrays) * self.op.rank))()
+        write_strides(out, 0, arrays, self.op)
         return out
+
+
+def operand(a: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], what: Callable[[], str]) -> np.ndarray:
+    """``a`` as the C side reads it: ``dtype``, ``shape``, strides in whole elements."""
+    if type(a) is np.ndarray and a.dtype == dtype and a.shape == shape and a.flags.c_contiguous:
+        return a  # the usual case, checked first: this runs on every call
+    if type(a) is not np.ndarray or a.dtype != dtype:  # a whole reduction may hand over a scalar
+        a = np.asarray(a, dtype=dtype)
+    if a.shape != shape:
+        raise ShapeError(f"{what()} has shape {a.shape}; expected {shape}")
+    # a contiguous array's strides are whole elements (a size-1 dim's may be anything: times 0)
+    if not a.flags.c_contiguous and any(s % dtype.itemsize for s in a.strides):
+        a = np.ascontiguousarray(a)
+    return a
+
+
+def write_strides(out: ctypes.Array, at: int, arrays: Sequence[np.ndarray | None], op: Einsummable) -> None:
+    """Each of ``op``'s operands' stride, in elements, along every join dim (0 where it has
+    none), from ``out[at]`` on; a None operand's stay 0."""
+    rank = op.rank
+    for k, (a, idx) in enumerate(zip(arrays, op.inputs, strict=True)):
+        if a is not None:
+            for pos, d in enumerate(idx):
+                out[at + k * rank + d] = a.strides[pos] // a.itemsize
 
 
 ALIGN_FROM = 1 << 16  # bytes: outputs this large start on a cache line
