@@ -1,16 +1,18 @@
 """The hardware model: machines × cores, a flop rate, and two levels of bandwidth.
 
 ``flops_per_core`` is the GEMM rate; the simulator (engines/simulate.py) also reads
-an elementwise rate, a memory-copy rate, link latencies, a per-task overhead and
-the memory of a machine, and what a driver in another process pays to feed and
+an elementwise rate, a memory-copy rate, link latencies, the per-task overheads
+(``task_overhead`` for a task that runs a kernel, ``view_overhead`` for an input or a
+view) and the memory of a machine, and what a driver in another process pays to feed and
 fetch (``driver_latency``, ``driver_bandwidth``: the Ray engine). ``Cluster.measure()``
-fills the rates in for this machine, ``calibrate.ray_driver()`` the driver's costs
+fills the rates and overheads in for this machine, ``calibrate.ray_driver()`` the driver's costs
 (hardware/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
 
 Workers are numbered machine-major: worker ``w`` is core ``w % cores`` of machine
 ``w // cores``. ``blas_threads`` is how many cores one worker's GEMMs use: the
 engines give a worker that is alone in its process (one machine of one core) all
-the cores that process may run on, and hold BLAS to one thread otherwise. The
+the cores that process may run on, and hold BLAS to one thread otherwise; it also
+runs its tasks inline, without threads handing them off (``alone()``). The
 defaults are rough figures for the 2-core development box
 (about 80 GFLOP/s per core from the measured 4000³ chain, memcpy-speed moves
 inside a machine, 10 Gbit/s between machines).
@@ -43,7 +45,7 @@ class Cluster:
     copy_bandwidth: float = 5e9  # bytes/s one core copies (fills, assembling partials)
     latency_within: float = 1e-6  # seconds before a move inside a machine lands
     latency_across: float = 2e-5  # seconds before a move between machines lands
-    task_overhead: float = 1.5e-5  # an engine's scheduling cost per task, on its core
+    task_overhead: float = 1.5e-5  # an engine's scheduling cost per kernel task, on its core
     view_overhead: float = 2e-6  # that of a task that runs no kernel (an input, a view): dispatch alone
     memory_per_machine: float = 256 * 2**30  # bytes
     blas_threads: int = 1  # cores one worker's GEMMs use (BLAS threads)
