@@ -91,7 +91,7 @@ class Generator:
         so more workers only run whole nodes side by side, handing results between threads,
         while a lone worker's matrix products get all the cores), else whichever the
         simulation predicts is faster (a prefill at batch 8 whose plan cuts only the MLP
-        ran 72 ms on 2 workers, 41 ms on one; a token is a chain of matrix-vector products).
+        ran 42-72 ms on 2 workers, 37-44 ms on one; a token is a chain of matrix-vector products).
         The alternative compiles once per program key, a fraction of a second."""
         prog = compile(graph, **self._options)
         # the plan's workers, not the taskgraph's: on Ray across machines it is built only on request
