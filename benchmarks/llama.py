@@ -100,8 +100,9 @@ def generation(model, cfg, params, args, engine: str, batch: int) -> None:
     for name, gen in (("before (driver-fed)", fed), ("after (resident)", resident)):
         sent, got = decode_traffic(gen, prompts.tolist(), args.new_tokens)
         print(f"  bytes per decode step, {name:<20} fed {sent:>12,.0f}   fetched {got:>10,.0f}")
-    decode = next(p for key, p in resident._programs.items() if key[0] == "decode")
-    print(f"  resident decode on {decode.taskgraph.workers} worker(s) (the planner's simulation chose)")
+    chosen = {key[0]: p.taskgraph.workers for key, p in resident._programs.items()}
+    print(f"  resident prefill on {chosen['prefill']} worker(s), decode on {chosen['decode']} "
+          "(the planner's simulation chose)")
     alone = Generator(cfg, params, workers=1)  # resident on one worker: residency apart from the workers
     ids = prompts.tolist()
     times = compare({"einsummable": lambda: resident.generate(ids, args.new_tokens),

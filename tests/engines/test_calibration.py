@@ -11,6 +11,7 @@ import einsummable as es
 from einsummable.engines import local
 from einsummable.engines.simulate import run
 from einsummable.hardware import calibrate
+from einsummable.hardware.cluster import INLINE_TASK_OVERHEAD
 from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph
 
@@ -25,7 +26,8 @@ def _gemm_graph() -> TaskGraph:
 
 @pytest.mark.parametrize("threads", [1, 2, 4])
 def test_a_gemm_spreads_its_flops_and_its_write_over_the_blas_threads(threads):
-    cluster = es.Cluster(flops_per_core=1e9, copy_bandwidth=4e7, task_overhead=1e-4, blas_threads=threads)
+    cluster = es.Cluster(flops_per_core=1e9, copy_bandwidth=4e7, task_overhead=1e-4, view_overhead=1e-4,
+                         blas_threads=threads)
     # 3 tasks of 0.1 ms overhead; the GEMM's 2 ms of flops and 1 ms writing 40,000 bytes, over the threads
     assert run(_gemm_graph(), cluster).makespan == pytest.approx(3e-4 + 3e-3 / threads)
 
@@ -90,3 +92,27 @@ def test_the_driver_fields_are_checked_and_kept_in_json(tmp_path):
     for cluster in (es.Cluster(machines=2), ray):  # the local default, infinite bandwidth, too
         cluster.to_json(tmp_path / "c.json")
         assert es.Cluster.from_json(tmp_path / "c.json") == cluster
+
+
+def test_one_local_worker_is_its_machine_alone():
+    """The local engine runs one worker inline, its BLAS on every core the process may use:
+    its cluster says both, so its simulated GEMM spreads over those cores."""
+    available = len(os.sched_getaffinity(0))
+    one = es.Cluster.local(1)
+    assert (one.workers, one.blas_threads) == (1, available)
+    assert one.task_overhead == INLINE_TASK_OVERHEAD < es.Cluster.local(2).task_overhead
+    assert one == es.Cluster(cores=available).alone()
+    alone = es.Cluster(machines=2, cores=4, task_overhead=1e-6).alone()  # a measured overhead stays
+    assert (alone.machines, alone.cores, alone.blas_threads, alone.task_overhead) == (1, 1, 4, 1e-6)
+    g = es.Graph()
+    g.output("y", g.input("a", (100, 100)) @ g.input("b", (100, 100)))
+    # two inputs (views of the feeds), then the GEMM's 2e6 flops and 40,000 bytes written, on every core
+    gemm = (2e6 / one.flops_per_core + 4e4 / one.copy_bandwidth) / available
+    expected = 2 * one.view_overhead + one.task_overhead + gemm
+    assert es.compile(g, workers=1).simulate().makespan == pytest.approx(expected)
+
+
+def test_dispatch_measures_the_engines_cost_per_task():
+    """A view costs the engine less than a kernel task, both microseconds, not milliseconds."""
+    measured = calibrate.dispatch(1, chain=50)
+    assert 0 < measured["view_overhead"] < measured["task_overhead"] < 1e-3

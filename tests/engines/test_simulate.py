@@ -7,13 +7,22 @@ import einsummable as es
 from einsummable.engines.simulate import Simulation, kernel_kind, run
 from einsummable.errors import SimulationError
 from einsummable.ir.einsummable import Einsummable
+from einsummable.ir.graph import Piece
 from einsummable.lower.stats import stats
-from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask, Output, TaskGraph
+from einsummable.lower.taskgraph import (
+    ApplyTask,
+    InputTask,
+    MoveTask,
+    Output,
+    PartialTask,
+    TaskGraph,
+    ViewTask,
+)
 from einsummable.workloads import mlp_train
 
 # 250 x 1000 f32 = 1e6 bytes
 BOX = ((0, 250), (0, 1000))
-QUIET = {"task_overhead": 0.0, "latency_within": 0.0, "latency_across": 0.0}
+QUIET = {"task_overhead": 0.0, "view_overhead": 0.0, "latency_within": 0.0, "latency_across": 0.0}
 
 
 def graph(tasks, workers, cores, out) -> TaskGraph:
@@ -42,6 +51,20 @@ def test_a_single_move_costs_bytes_over_bandwidth_plus_latency():
     assert sim.busy == (0.0, 0.0)  # a move holds no core
 
 
+def test_inputs_views_and_one_piece_partials_cost_the_view_overhead():
+    """They run no kernel: the engine dispatches them in 1-4 us, not a kernel task's 5-25 us."""
+    relu = Einsummable.from_spec("ij->ij", [(250, 1000)], join="max(x0, 0.0)")
+    tasks = [InputTask("a", BOX, "f32", 0), ViewTask((0,), (250, 1000), "f32", 0),
+             PartialTask((1,), (Piece(0, BOX, (0, 0)),), (250, 1000), "f32", None, 0),
+             ApplyTask(relu, (2,), 0),
+             PartialTask((3, 3), (Piece(0, BOX, (0, 0)), Piece(1, BOX, (0, 0))), (250, 1000), "f32", "add",
+                         0)]
+    cluster = es.Cluster(**QUIET | {"task_overhead": 1.0, "view_overhead": 1e-3,
+                                    "elementwise_flops_per_core": 1e9, "copy_bandwidth": 1e9})
+    # three dispatches; the relu's overhead, flops (0.25 ms) and write (1 ms); the sum of 2 pieces (2 ms)
+    assert run(graph(tasks, 1, 1, 4), cluster).makespan == pytest.approx(3e-3 + 1.0 + 1.25e-3 + 1.0 + 2e-3)
+
+
 def test_a_chain_adds_gemm_elementwise_move_and_overhead():
     gemm = Einsummable.from_spec("ij,jk->ik", [(100, 100), (100, 100)])  # 2e6 flops
     relu = Einsummable.from_spec("ij->ij", [(100, 100)], join="relu(x0)")  # 1e4 flops
@@ -57,15 +80,16 @@ def test_a_chain_adds_gemm_elementwise_move_and_overhead():
     tg = TaskGraph(tuple(tasks), {"y": Output((100, 100), "f32", ((5, box),))}, 2, 1)
     tg.validate()
     cluster = es.Cluster(machines=2, cores=1, flops_per_core=1e9, elementwise_flops_per_core=1e7,
-                         copy_bandwidth=4e7, bandwidth_across=4e7, latency_across=5e-4, task_overhead=1e-4)
+                         copy_bandwidth=4e7, bandwidth_across=4e7, latency_across=5e-4, task_overhead=1e-4,
+                         view_overhead=1e-5)
     sim = run(tg, cluster)
-    # inputs 2 x 0.1 ms on one core; gemm 0.1 + 2 + 1 (writing its output); relu 0.1 + 1 + 1;
-    # the move 1 + 0.5 latency; relu 2.1
-    assert sim.makespan == pytest.approx(9.0e-3)
+    # inputs 2 x 0.01 ms on one core (no kernel: view_overhead); gemm 0.1 + 2 + 1 (writing its
+    # output); relu 0.1 + 1 + 1; the move 1 + 0.5 latency; relu 2.1
+    assert sim.makespan == pytest.approx(8.82e-3)
     assert sim.critical_path == (0, 1, 2, 3, 4, 5)
     assert sum(sim.critical_time.values()) == pytest.approx(sim.makespan)
     assert sim.critical_waits == 1  # input b waited for the core that input a held
-    assert sim.busy == pytest.approx((5.4e-3, 2.1e-3))
+    assert sim.busy == pytest.approx((5.22e-3, 2.1e-3))
     kinds = [kernel_kind(t.op) for t in tasks if isinstance(t, ApplyTask)]
     assert kinds == ["gemm", "elementwise", "elementwise"]
 
@@ -82,7 +106,8 @@ def test_a_fan_in_queues_on_the_receivers_nic():
     add = Einsummable.from_spec("ij,ij,ij->ij", [(250, 1000)] * 3, join="x0 + x1 + x2")  # 5e5 flops
     tasks.append(ApplyTask(add, (3, 4, 5), 0))
     cluster = es.Cluster(machines=4, cores=1, bandwidth_across=1e9, latency_across=1e-4,
-                         elementwise_flops_per_core=1e9, copy_bandwidth=1e9, task_overhead=0.0)
+                         elementwise_flops_per_core=1e9, copy_bandwidth=1e9, task_overhead=0.0,
+                         view_overhead=0.0)
     sim = run(graph(tasks, 4, 1, 6), cluster)
     # the three 1 ms transfers share machine 0's in-port: the last lands at 3 ms + latency;
     # then the sum: 0.5 ms of flops and 1 ms writing its output

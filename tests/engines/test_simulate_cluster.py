@@ -93,7 +93,8 @@ def object_durations(tg, cluster, split, within):
             continue
         kernel = apply_seconds(task.op, cluster) if isinstance(task, ApplyTask) else \
             KERNEL_SECONDS[type(task)](task, cluster)
-        k = (kernel + within[t]) / n + cluster.task_overhead
+        overhead = cluster.view_overhead if simulate.runs_no_kernel(task) else cluster.task_overhead
+        k = (kernel + within[t]) / n + overhead
         out.append(max(k, n * k / cluster.cores))
     return out, widths
 

@@ -12,7 +12,9 @@ Model, one event per task, taken from a heap in time order:
   ``elementwise_flops_per_core`` (an embedding's gather costs its comparisons and
   outputs, not its join space), plus its fresh output block written at
   ``copy_bandwidth``; fills and assembled partials cost their bytes at
-  ``copy_bandwidth``; inputs, views and single-piece partials only the overhead;
+  ``copy_bandwidth``; inputs, views and single-piece partials run no kernel and cost
+  ``view_overhead`` instead of ``task_overhead`` (measured here: 1-4 us, a kernel
+  task's dispatch 5-25 us);
 - the ready tasks of a core wait in a heap ordered by critical path (the longest
   chain of predicted time that waits on them), as in the local engine;
 - a move inside a machine takes ``latency_within + bytes / bandwidth_within`` and
@@ -218,5 +220,15 @@ def _durations(tg: TaskGraph, cluster: Cluster) -> list[float]:
         rule = KERNEL_SECONDS.get(type(task))
         if rule is None:
             raise SimulationError(f"task %{t}: no time rule for {type(task).__name__}")
-        out[t] = rule(task, cluster) + cluster.task_overhead
+        overhead = cluster.view_overhead if runs_no_kernel(task) else cluster.task_overhead
+        out[t] = rule(task, cluster) + overhead
     return out
+
+
+def runs_no_kernel(task: Task) -> bool:
+    """An input, a view, or a partial of one whole piece (a view too): the engine only dispatches
+    it, a few microseconds (``view_overhead``), not a kernel task's ``task_overhead``."""
+    if isinstance(task, InputTask | ViewTask):
+        return True
+    return (isinstance(task, PartialTask) and len(task.pieces) == 1
+            and task.pieces[0].dst_box == whole(task.shape))

@@ -9,12 +9,13 @@ live on their machine from their task's start to their last reader's end.
 
 Only a task's time on its machine differs, a per-machine compute model with the
 cores' rates (as the planner's two-level cost charges them): a task its machine
-cuts into ``n`` core blocks has block time ``k = (kernel + within) / n + task_overhead``
+cuts into ``n`` core blocks has block time ``k = (kernel + within) / n + overhead``
 (kernel: simulate.py's rule for the whole machine block on one core; within: what
 its core blocks spend adding partial sums and assembling repartitioned operands
 inside the machine, which the core-level graph has as partial tasks: Megatron's
 head-dim split of attention on one machine simulated 12 s without it, 190 s core by
-core) and takes
+core; overhead: ``task_overhead``, or ``view_overhead`` for a task that runs no
+kernel, as simulate.py charges them) and takes
 
     max(k, n · k / cores)
 
@@ -37,7 +38,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from einsummable.engines.replay import replay, secs
-from einsummable.engines.simulate import KERNEL_SECONDS, Simulation, apply_seconds
+from einsummable.engines.simulate import KERNEL_SECONDS, Simulation, apply_seconds, runs_no_kernel
 from einsummable.engines.trace import Event
 from einsummable.errors import SimulationError
 from einsummable.hardware.cluster import Cluster
@@ -126,18 +127,21 @@ def _timing(cg: ClusterGraph) -> tuple[np.ndarray, np.ndarray]:
     key = np.stack([g.kind.astype(np.int64), g.aux, g.shape, g.dtype], axis=1)[~move]
     uniq, first, inv = np.unique(key, axis=0, return_index=True, return_inverse=True)
     rows = np.flatnonzero(~move)[first]
-    per = np.empty(len(uniq))
+    per, dispatch = np.empty(len(uniq)), np.empty(len(uniq))
     for j, t in enumerate(rows.tolist()):
         task = g.task(t)
         rule = KERNEL_SECONDS.get(type(task))
         if rule is None:
             raise SimulationError(f"task %{t}: no time rule for {type(task).__name__}")
         per[j] = apply_seconds(task.op, c) if g.kind[t] == APPLY else rule(task, c)
+        dispatch[j] = c.view_overhead if runs_no_kernel(task) else c.task_overhead
     kernel[~move] = per[inv.ravel()]
+    overhead = np.zeros(n)
+    overhead[~move] = dispatch[inv.ravel()]
     if cg.within is not None:
         kernel += cg.within
     blocks = np.where(cg.split > 0, cg.split, c.cores).astype(float)
-    k = kernel / blocks + c.task_overhead
+    k = kernel / blocks + overhead
     out = np.maximum(k, blocks * k / c.cores)
     out[move] = g.nbytes()[move] / c.bandwidth_across
     return out, np.minimum(blocks, c.cores).astype(np.int64)

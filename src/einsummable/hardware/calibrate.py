@@ -5,8 +5,9 @@ Each figure is the median of a few timed repetitions, each core running the same
 numpy kernel in its own thread with BLAS held to one thread, so a figure is what
 one worker gets while its neighbours work too. Time is each thread's CPU time, so
 other programs sharing the box do not count against it. Moves inside a machine are memory
-copies, so ``bandwidth_within`` is the copy rate; the rates between machines,
-latencies and the per-task overhead keep the Cluster defaults. ``ray_driver`` measures
+copies, so ``bandwidth_within`` is the copy rate; the rates between machines and
+latencies keep the Cluster defaults. The per-task overheads are the local engine's
+own, timed on chains of tiny tasks (``dispatch``). ``ray_driver`` measures
 what the Ray engine's driver pays to call, feed and fetch a machine actor.
 
     cluster = Cluster.measure()             # or: einsummable calibrate --out cluster.json
@@ -89,7 +90,41 @@ def rates(cores: int) -> dict[str, float]:
         copy = 4 * COPY_ELEMENTS / _per_core_seconds(cores, _copy)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"flops_per_core": gemm, "bandwidth_within": copy, "elementwise_flops_per_core": elementwise,
-            "copy_bandwidth": copy, "memory_per_machine": float(memory)}
+            "copy_bandwidth": copy, "memory_per_machine": float(memory)} | dispatch(cores)
+
+
+def dispatch(cores: int, chain: int = 300) -> dict[str, float]:
+    """The local engine's cost per task on ``cores`` workers: ``task_overhead`` from chains of
+    tiny kernel tasks (a join on 4 elements), ``view_overhead`` from chains of views, one chain
+    per worker, as wall seconds a worker spends per task. One worker runs its tasks inline;
+    several hand them off between threads and share the interpreter, which costs 4-5x more
+    here (5 against 19-27 us a kernel task). Least of a few runs: other programs only add."""
+    from einsummable.engines.local import LocalProgram  # the engine's own loop, loaded only when asked
+    from einsummable.ir.einsummable import Einsummable
+    from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph, ViewTask
+
+    box = ((0, 4),)
+    tiny = Einsummable.from_spec("i->i", [(4,)], "x0 * 0.5 + 1")
+
+    def per_task(make: Callable[[int, int], object]) -> float:
+        tasks, outputs = [], {}
+        for w in range(cores):
+            tasks.append(InputTask(f"x{w}", box, "f32", w))
+            for _ in range(chain):
+                tasks.append(make(len(tasks) - 1, w))
+            outputs[f"y{w}"] = Output((4,), "f32", ((len(tasks) - 1, box),))
+        prog = LocalProgram(TaskGraph(tuple(tasks), outputs, cores, cores))
+        feeds = {f"x{w}": np.ones(4, np.float32) for w in range(cores)}
+        prog.run(feeds)
+        spans = []
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            prog.run(feeds)
+            spans.append(time.perf_counter() - t0)
+        return min(spans) / (chain + 1)
+
+    return {"task_overhead": per_task(lambda i, w: ApplyTask(tiny, (i,), w)),
+            "view_overhead": per_task(lambda i, w: ViewTask((i,), (4,), "f32", w))}
 
 
 def ray_driver(repeats: int = 7) -> dict[str, float]:

@@ -1,16 +1,18 @@
 """The hardware model: machines × cores, a flop rate, and two levels of bandwidth.
 
 ``flops_per_core`` is the GEMM rate; the simulator (engines/simulate.py) also reads
-an elementwise rate, a memory-copy rate, link latencies, a per-task overhead and
-the memory of a machine, and what a driver in another process pays to feed and
+an elementwise rate, a memory-copy rate, link latencies, the per-task overheads
+(``task_overhead`` for a task that runs a kernel, ``view_overhead`` for an input or a
+view) and the memory of a machine, and what a driver in another process pays to feed and
 fetch (``driver_latency``, ``driver_bandwidth``: the Ray engine). ``Cluster.measure()``
-fills the rates in for this machine, ``calibrate.ray_driver()`` the driver's costs
+fills the rates and overheads in for this machine, ``calibrate.ray_driver()`` the driver's costs
 (hardware/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
 
 Workers are numbered machine-major: worker ``w`` is core ``w % cores`` of machine
 ``w // cores``. ``blas_threads`` is how many cores one worker's GEMMs use: the
 engines give a worker that is alone in its process (one machine of one core) all
-the cores that process may run on, and hold BLAS to one thread otherwise. The
+the cores that process may run on, and hold BLAS to one thread otherwise; it also
+runs its tasks inline, without threads handing them off (``alone()``). The
 defaults are rough figures for the 2-core development box
 (about 80 GFLOP/s per core from the measured 4000³ chain, memcpy-speed moves
 inside a machine, 10 Gbit/s between machines).
@@ -21,10 +23,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from einsummable.errors import PlanError
+
+# A kernel task's dispatch when a lone worker runs inline, without threads (scheduler.run_in_order):
+# measured here 5 us a tiny task, against 19-27 us a worker's task with 2 threads handing off.
+INLINE_TASK_OVERHEAD = 5e-6
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,8 @@ class Cluster:
     copy_bandwidth: float = 5e9  # bytes/s one core copies (fills, assembling partials)
     latency_within: float = 1e-6  # seconds before a move inside a machine lands
     latency_across: float = 2e-5  # seconds before a move between machines lands
-    task_overhead: float = 1.5e-5  # an engine's scheduling cost per task, on its core
+    task_overhead: float = 1.5e-5  # an engine's scheduling cost per kernel task, on its core
+    view_overhead: float = 2e-6  # that of a task that runs no kernel (an input, a view): dispatch alone
     memory_per_machine: float = 256 * 2**30  # bytes
     blas_threads: int = 1  # cores one worker's GEMMs use (BLAS threads)
     # A driver in another process (the Ray engine): seconds of a run's call to a machine and
@@ -59,7 +66,7 @@ class Cluster:
                 raise PlanError(f"Cluster {name} must be positive, got {getattr(self, name)!r}")
         if self.min_block_seconds < 0:
             raise PlanError(f"Cluster min_block_seconds must be >= 0, got {self.min_block_seconds!r}")
-        for name in ("latency_within", "latency_across", "task_overhead", "driver_latency"):
+        for name in ("latency_within", "latency_across", "task_overhead", "view_overhead", "driver_latency"):
             if not getattr(self, name) >= 0:
                 raise PlanError(f"Cluster {name} must be >= 0, got {getattr(self, name)!r}")
 
@@ -73,7 +80,7 @@ class Cluster:
         """
         from einsummable.hardware.calibrate import rates  # numpy timing loops, loaded only when asked
 
-        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        available = _available_cores()
         cores = cores or available
         threads = blas_threads or (available if cores == 1 else 1)
         return Cluster(machines=machines, cores=cores, blas_threads=threads, **rates(cores))
@@ -108,10 +115,19 @@ class Cluster:
 
     @staticmethod
     def local(workers: int) -> Cluster:
-        """``workers=n``: one machine with n cores."""
+        """``workers=n``: one machine with n cores; one worker is this machine ``alone`` (its BLAS
+        has all the cores this process may use: the local engine's rule, as ``measure`` says)."""
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise PlanError(f"workers must be a positive integer, got {workers!r}")
+        if workers == 1:
+            return Cluster(cores=_available_cores()).alone()
         return Cluster(machines=1, cores=workers)
+
+    def alone(self) -> Cluster:
+        """One worker alone in its process on one of these machines, as the engines run it: its
+        BLAS gets the machine's cores and it runs its tasks inline, without threads handing off."""
+        return replace(self, machines=1, cores=1, blas_threads=self.cores * self.blas_threads,
+                       task_overhead=min(self.task_overhead, INLINE_TASK_OVERHEAD))
 
     @property
     def workers(self) -> int:
@@ -138,3 +154,8 @@ class Cluster:
 
     def __str__(self) -> str:
         return f"{self.machines} machine(s) × {self.cores} core(s)"
+
+
+def _available_cores() -> int:
+    """The cores this process may run on (its affinity), as the local engine counts them."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
