@@ -54,7 +54,7 @@ import numpy as np
 
 import einsummable as es
 from einsummable import workloads
-from einsummable.hardware.calibrate import ray_driver
+from einsummable.hardware.calibrate import ray_driver, ray_link
 from einsummable.ir.graph import EinGraph, InputNode
 
 
@@ -111,35 +111,6 @@ def _ray_nodes():
     return cluster
 
 
-def _ray_link() -> dict[str, float]:
-    """Ray's cost of a block between the two nodes, as the engine moves one (an actor call carrying
-    it): latency and bandwidth fitted to the median times of 64 kB and 16 MB blocks."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    @ray.remote(num_cpus=0)
-    class End:
-        def take(self, block: np.ndarray) -> int:
-            return block.nbytes
-
-        def give(self, peer, nbytes: int, repeats: int) -> list[float]:
-            block, out = np.ones(nbytes // 4, np.float32), []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                ray.get(peer.take.remote(block))
-                out.append(time.perf_counter() - t0)
-            return out
-
-    here, there = (n["NodeID"] for n in sorted((n for n in ray.nodes() if n["Alive"]),
-                                                key=lambda n: n["NodeID"]))
-    a, b = (End.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-            for n in (here, there))
-    small, large = 1 << 16, 1 << 24
-    t_small, t_large = (statistics.median(ray.get(a.give.remote(b, n, 9))[1:]) for n in (small, large))
-    bandwidth = (large - small) / max(t_large - t_small, 1e-9)
-    return {"bandwidth_across": bandwidth, "latency_across": max(t_small - small / bandwidth, 0.0)}
-
-
 def configs(workers: list[int], engines: list[str], out: Path) -> list[tuple[str, str, es.Cluster]]:
     """(row label, engine, cluster) per configuration, with this machine's measured rates."""
     rows, measured_at = [], {}
@@ -152,11 +123,12 @@ def configs(workers: list[int], engines: list[str], out: Path) -> list[tuple[str
     if "local" in engines:
         rows += [(f"local {w}", "local", measured_at[w]) for w in workers]
     if "ray" in engines:
-        link = _ray_link()
+        link = ray_link()
         driver = ray_driver()
         two = replace(measured_at[2], **driver)
         print(f"ray between nodes: {link['bandwidth_across'] / 1e9:.2f} GB/s, "
-              f"{link['latency_across'] * 1e3:.2f} ms a block; driver to a machine on its node: "
+              f"{link['overhead_across'] * 1e3:.2f} ms held a block, {link['latency_across'] * 1e3:.2f} ms "
+              f"latency; driver to a machine on its node: "
               f"{driver['driver_bandwidth'] / 1e9:.2f} GB/s, {driver['driver_latency'] * 1e3:.2f} ms a call",
               flush=True)
         rows += [("ray 1x2", "ray", two),

@@ -142,3 +142,49 @@ def ray_driver(repeats: int = 7) -> dict[str, float]:
         ray.kill(probe)
     bandwidth = ((1 << 25) - (1 << 16)) / max(per_byte[1] - per_byte[0], 1e-9)
     return {"driver_latency": latency, "driver_bandwidth": bandwidth}
+
+
+def ray_link(repeats: int = 7, burst: int = 6) -> dict[str, float]:
+    """The Cluster's ``bandwidth_across``, ``overhead_across`` and ``latency_across`` for the
+    connected Ray cluster's first two machines (nodes), measured as the Ray engine moves a block:
+    an actor call carrying it, from an actor on one node to one on the other, answered when it
+    has run. Medians of ``repeats`` after a warm one.
+
+    One block's round trip, of 512 KiB and 16 MiB, gives the bandwidth (a lone block takes
+    ``latency_across + overhead_across + bytes / bandwidth_across``); ``burst`` blocks of 512 KiB
+    sent back to back give the overhead: each block after the first adds what one holds the
+    link, ``overhead_across + bytes / bandwidth_across`` (Ray puts, calls and pulls each object
+    in turn: about 4 ms a block here, where the bytes take 0.5 ms). Both sizes go through Ray's
+    object store; a block under 100 KiB is sent inline with its call, cheaper than the model says."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from einsummable.engines.ray.nodes import nodes  # the engine's machines 0 and 1; EngineError if fewer
+
+    @ray.remote(num_cpus=0, max_concurrency=32)  # threaded, as the engine's machine actor
+    class End:
+        def take(self, block: np.ndarray) -> None:
+            """A block arrives."""
+
+        def give(self, peer, nbytes: int, count: int) -> float:
+            """Median seconds until ``count`` blocks sent back to back have all arrived."""
+            block, out = np.ones(nbytes // 4, np.float32), []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                ray.get([peer.take.remote(block) for _ in range(count)])
+                out.append(time.perf_counter() - t0)
+            return statistics.median(out[1:])
+
+    ends = [End.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+            for n in nodes(2)]
+    small, large = 1 << 19, 1 << 24
+    try:
+        one = {n: ray.get(ends[0].give.remote(ends[1], n, 1)) for n in (small, large)}
+        held = (ray.get(ends[0].give.remote(ends[1], small, burst)) - one[small]) / (burst - 1)
+    finally:
+        for end in ends:
+            ray.kill(end)
+    bandwidth = (large - small) / max(one[large] - one[small], 1e-9)
+    overhead = max(held - small / bandwidth, 0.0)
+    return {"bandwidth_across": bandwidth, "overhead_across": overhead,
+            "latency_across": max(one[small] - small / bandwidth - overhead, 0.0)}
