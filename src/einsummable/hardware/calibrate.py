@@ -24,6 +24,8 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from einsummable.errors import PlanError
+
 GEMM_N = 1024
 ELEMENTS = 1 << 22  # 16 MiB of f32: out of cache, like a real block
 COPY_ELEMENTS = 1 << 24  # 64 MiB: past malloc's mmap threshold, so each copy faults its pages in
@@ -164,8 +166,6 @@ def ray_link(repeats: int = 7, burst: int = 6) -> dict[str, float]:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from einsummable.engines.ray.nodes import nodes  # the engine's machines 0 and 1; EngineError if fewer
-
     @ray.remote(num_cpus=0, max_concurrency=32)  # threaded, as the engine's machine actor
     class End:
         def take(self, block: np.ndarray) -> None:
@@ -180,8 +180,13 @@ def ray_link(repeats: int = 7, burst: int = 6) -> dict[str, float]:
                 out.append(time.perf_counter() - t0)
             return statistics.median(out[1:])
 
-    ends = [End.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
-            for n in nodes(2)]
+    here = ray.get_runtime_context().get_node_id()  # machines 0 and 1 as the engine orders them
+    hosts = sorted((n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1),
+                   key=lambda node: (node != here, node))[:2]
+    if len(hosts) < 2:
+        raise PlanError(f"calibrate.ray_link needs a Ray cluster of two nodes with CPUs; it has {len(hosts)}")
+    ends = [End.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+            for node in hosts]
     small, large = 1 << 19, 1 << 24
     try:
         one = {n: ray.get(ends[0].give.remote(ends[1], n, 1)) for n in (small, large)}
