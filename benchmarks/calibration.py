@@ -48,13 +48,14 @@ load (its bytes 0.5-1 ms), which ``_ray_link`` had fitted through a 64 KiB block
 (1 ms), and the driver's fit likewise missed 1-2 ms per feed and fetch object: now
 ``overhead_across`` and ``driver_latency`` (``calibrate.ray_link``, ``ray_driver``). Ray
 2x1 attention, before these two fixes and after, back to back (load 2.5-3.7, least of 5):
-0.46 -> 0.76 and 0.44 -> 0.73 (measured 82 -> 79 and 99 -> 74 ms). On a quiet moment (load
-1.5, least of 5) 18 rows of 20 read within 25%: local 0.96..1.06, ray 1x2 1.08..1.17, ray
-2x1 0.83..1.22 (attention 0.84), but the local attention rows 1.43 (workers=1) and 1.33 (2):
-the local model, which predicts what it did before these changes. The Ray rows swing with
+0.46 -> 0.76 and 0.44 -> 0.73 (measured 82 -> 79 and 99 -> 74 ms). On two quiet moments
+(load 1.5, and 1.1 falling to 0.2; least of 5) 18 rows of 20 read within 25% each time:
+local 0.96..1.06, ray 1x2 1.05..1.18, ray 2x1 0.79..1.22 (attention 0.84 and 0.86), but the
+local attention rows 1.31..1.43: the local model, which predicts what it did before these
+changes (the new terms cost nothing on one machine). The Ray rows swing with
 the load more than the local ones (two raylets, object stores and actors share the 2 cores
 with everyone else): ray 1x2 read 0.63..0.71 in one busy run, ray 2x1 attention 0.72..1.05
-over five runs; mlp fwd+bwd reads 0.55..1.08 on Ray, 1x2 as 2x1, so its gap is not in the moves.
+over seven runs; mlp fwd+bwd reads 0.55..1.22 on Ray, 1x2 as 2x1, so its gap is not in the moves.
 On a busy moment (another program holding a core) the rows read 0.2..0.7, and their cpu
 share says why.
 """
