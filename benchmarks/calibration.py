@@ -13,11 +13,13 @@ spreads a GEMM over them. Without that the workers=1 rows read 1.9..2.1.
 ``--engines ... ray`` adds the per-machine Ray engine on a simulated Ray cluster of
 2 nodes x 1 CPU (``ray.cluster_utils.Cluster``: this box's 2 cores as two machines):
 one machine actor with 2 cores (``ray 1x2``), and 2 machine actors of 1 core
-(``ray 2x1``, blocks crossing machines as ObjectRefs), both with the workers=2 rates,
-Ray's cost of a block between the nodes (``_ray_link``) and what the driver pays to call,
-feed and fetch a machine actor (``calibrate.ray_driver``: ``driver_latency``,
-``driver_bandwidth``; the simulator starts a machine when its feeds have arrived and ends
-the run when the last fetch is back).
+(``ray 2x1``, blocks crossing machines as ObjectRefs), both with the workers=2 rates and
+what Ray pays, measured first on the Ray cluster: a block between the nodes
+(``calibrate.ray_link``: ``bandwidth_across``, ``latency_across``, and ``overhead_across``,
+Ray's put, call and pull of each object, which back-to-back blocks pay in turn), and what
+the driver pays to call, feed and fetch a machine actor (``calibrate.ray_driver``:
+``driver_latency``, ``driver_bandwidth``; the simulator starts a machine when its feeds
+have arrived and ends the run when the last fetch is back).
 
 The box is shared, so each local run also records its CPU share: process CPU time over
 wall time × workers. A share well under 1 means other programs held our cores, and
@@ -36,8 +38,24 @@ local 2 was starved in that run: cpu share 0.4). The Ray rows read 0.60..0.97 (1
 object store (chain (skewed) returns 128 MB) and the engine shipped strided slices, which
 Ray pickles 2-3x slower than contiguous blocks. With both fixed, on a quiet moment (load
 1.7-1.9, least of 5) local rows read 0.88..1.08, ray 1x2 0.80..1.00 and ray 2x1 0.82..0.86
-but attention 0.52 (its 62 small tasks: Ray's fixed cost per run and per object, about 3 ms
-a run measured on a tiny matmul, is not modelled beyond one call's ``driver_latency``).
+but attention 0.52. Not for its 62 small tasks (the refinement of a share runs once, at
+setup), but (1) the engine: a machine's share ranked the input it sends (machine 0's half
+of ``wo``) by its reader there, so machine 0 read and sent it after all its own work and
+machine 1's last GEMM waited 94 ms for it; the work a send waits for now ranks with the
+send (engines/machine.py); (2) the model: each machine sends 4 blocks of 512 KiB in a row,
+and Ray puts, calls and pulls each through its object store, 2-7 ms a block here with the
+load (its bytes 0.5-1 ms), which ``_ray_link`` had fitted through a 64 KiB block sent inline
+(1 ms), and the driver's fit likewise missed 1-2 ms per feed and fetch object: now
+``overhead_across`` and ``driver_latency`` (``calibrate.ray_link``, ``ray_driver``). Ray
+2x1 attention, before these two fixes and after, back to back (load 2.5-3.7, least of 5):
+0.46 -> 0.76 and 0.44 -> 0.73 (measured 82 -> 79 and 99 -> 74 ms). On two quiet moments
+(load 1.5, and 1.1 falling to 0.2; least of 5) 18 rows of 20 read within 25% each time:
+local 0.96..1.06, ray 1x2 1.05..1.18, ray 2x1 0.79..1.22 (attention 0.84 and 0.86), but the
+local attention rows 1.31..1.43: the local model, which predicts what it did before these
+changes (the new terms cost nothing on one machine). The Ray rows swing with
+the load more than the local ones (two raylets, object stores and actors share the 2 cores
+with everyone else): ray 1x2 read 0.63..0.71 in one busy run, ray 2x1 attention 0.72..1.05
+over seven runs; mlp fwd+bwd reads 0.55..1.22 on Ray, 1x2 as 2x1, so its gap is not in the moves.
 On a busy moment (another program holding a core) the rows read 0.2..0.7, and their cpu
 share says why.
 """
@@ -54,7 +72,7 @@ import numpy as np
 
 import einsummable as es
 from einsummable import workloads
-from einsummable.hardware.calibrate import ray_driver
+from einsummable.hardware.calibrate import ray_driver, ray_link
 from einsummable.ir.graph import EinGraph, InputNode
 
 
@@ -111,35 +129,6 @@ def _ray_nodes():
     return cluster
 
 
-def _ray_link() -> dict[str, float]:
-    """Ray's cost of a block between the two nodes, as the engine moves one (an actor call carrying
-    it): latency and bandwidth fitted to the median times of 64 kB and 16 MB blocks."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    @ray.remote(num_cpus=0)
-    class End:
-        def take(self, block: np.ndarray) -> int:
-            return block.nbytes
-
-        def give(self, peer, nbytes: int, repeats: int) -> list[float]:
-            block, out = np.ones(nbytes // 4, np.float32), []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                ray.get(peer.take.remote(block))
-                out.append(time.perf_counter() - t0)
-            return out
-
-    here, there = (n["NodeID"] for n in sorted((n for n in ray.nodes() if n["Alive"]),
-                                                key=lambda n: n["NodeID"]))
-    a, b = (End.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-            for n in (here, there))
-    small, large = 1 << 16, 1 << 24
-    t_small, t_large = (statistics.median(ray.get(a.give.remote(b, n, 9))[1:]) for n in (small, large))
-    bandwidth = (large - small) / max(t_large - t_small, 1e-9)
-    return {"bandwidth_across": bandwidth, "latency_across": max(t_small - small / bandwidth, 0.0)}
-
-
 def configs(workers: list[int], engines: list[str], out: Path) -> list[tuple[str, str, es.Cluster]]:
     """(row label, engine, cluster) per configuration, with this machine's measured rates."""
     rows, measured_at = [], {}
@@ -152,11 +141,12 @@ def configs(workers: list[int], engines: list[str], out: Path) -> list[tuple[str
     if "local" in engines:
         rows += [(f"local {w}", "local", measured_at[w]) for w in workers]
     if "ray" in engines:
-        link = _ray_link()
+        link = ray_link()
         driver = ray_driver()
         two = replace(measured_at[2], **driver)
         print(f"ray between nodes: {link['bandwidth_across'] / 1e9:.2f} GB/s, "
-              f"{link['latency_across'] * 1e3:.2f} ms a block; driver to a machine on its node: "
+              f"{link['overhead_across'] * 1e3:.2f} ms held a block, {link['latency_across'] * 1e3:.2f} ms "
+              f"latency; driver to a machine on its node: "
               f"{driver['driver_bandwidth'] / 1e9:.2f} GB/s, {driver['driver_latency'] * 1e3:.2f} ms a call",
               flush=True)
         rows += [("ray 1x2", "ray", two),

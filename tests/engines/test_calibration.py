@@ -116,3 +116,17 @@ def test_dispatch_measures_the_engines_cost_per_task():
     """A view costs the engine less than a kernel task, both microseconds, not milliseconds."""
     measured = calibrate.dispatch(1, chain=50)
     assert 0 < measured["view_overhead"] < measured["task_overhead"] < 1e-3
+
+
+def test_the_overhead_across_is_checked_and_kept_in_json(tmp_path):
+    with pytest.raises(es.PlanError, match="overhead_across must be >= 0, got -0.001"):
+        es.Cluster(overhead_across=-1e-3)
+    with pytest.raises(es.PlanError, match="overhead_across must be >= 0, got nan"):
+        es.Cluster(overhead_across=float("nan"))
+    assert es.Cluster().overhead_across == 0.0  # a plain NIC: its cost is in the bytes
+    ray = es.Cluster(machines=2, latency_across=3e-3, overhead_across=2.5e-3, bandwidth_across=5e8)
+    ray.to_json(tmp_path / "c.json")
+    assert es.Cluster.from_json(tmp_path / "c.json") == ray
+    # a file written before the field existed still loads, with no overhead
+    (tmp_path / "old.json").write_text('{"machines": 2, "latency_across": 0.001}')
+    assert es.Cluster.from_json(tmp_path / "old.json") == es.Cluster(machines=2, latency_across=1e-3)

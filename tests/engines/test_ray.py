@@ -52,6 +52,19 @@ def test_cluster_from_ray_reads_nodes_and_cpus(two_nodes):
     assert (cluster.machines, cluster.cores, cluster.flops_per_core) == (2, 2, 1e10)
 
 
+def test_ray_link_and_driver_measure_the_cluster_fields_on_two_nodes(two_nodes):
+    """Ray's costs between the nodes and at the driver, as the simulator reads them."""
+    from einsummable.hardware.calibrate import ray_driver, ray_link
+
+    link, driver = ray_link(repeats=3, burst=3), ray_driver(repeats=3)
+    assert set(link) == {"bandwidth_across", "overhead_across", "latency_across"}
+    assert set(driver) == {"driver_latency", "driver_bandwidth"}
+    cluster = es.Cluster(machines=2, **link, **driver)  # the fields' checks hold
+    assert np.isfinite([*link.values(), *driver.values()]).all()
+    # Ray puts, calls and pulls each block through its object store: a cost per block
+    assert cluster.overhead_across > 0 and cluster.driver_latency > 0
+
+
 def test_half_precision_partial_sums_round_once_on_two_nodes(two_nodes):
     """Partial sums of bf16 cross the nodes in f32; the formed sum rounds once (issue 15)."""
     import ml_dtypes

@@ -126,6 +126,29 @@ def test_a_fan_out_queues_on_the_senders_nic_and_a_rotation_does_not():
     assert run(graph(rotation, 4, 1, 3), cluster).makespan == pytest.approx(1e-3)
 
 
+def test_moves_across_hold_the_nics_for_their_overhead_one_after_another():
+    """Ray's cost per block moved (its put, call and pull of an object, ``overhead_across``):
+    back-to-back blocks pay it in turn on the NICs; the latency overlaps."""
+    hw = QUIET | {"bandwidth_across": 1e9, "latency_across": 1e-3}
+    two = [InputTask("a", BOX, "f32", 0), InputTask("b", BOX, "f32", 0),
+           MoveTask((0,), BOX, 0, 1, "f32"), MoveTask((1,), BOX, 0, 1, "f32")]
+    ray = es.Cluster(machines=2, cores=1, **hw, overhead_across=2e-3)
+    sim = run(graph(two, 2, 1, 3), ray)
+    # 1 MB at 1 GB/s: each holds the ports 2 + 1 ms, the second from 3 ms; it lands 1 ms after 6 ms
+    assert sim.makespan == pytest.approx(3e-3 + 3e-3 + 1e-3)
+    assert sim.critical_time["moves across"] == pytest.approx(7e-3)
+    assert sim.busy == (0.0, 0.0)  # held by the NICs, not the cores
+    assert run(graph(two, 2, 1, 3), es.Cluster(machines=2, cores=1, **hw)).makespan == pytest.approx(3e-3)
+    # a feed off the driver's node is such a move: machine 1 starts overhead_across later
+    feed = [InputTask("a", BOX, "f32", 0), InputTask("b", BOX, "f32", 1), MoveTask((1,), BOX, 1, 0, "f32")]
+    ray = es.Cluster(machines=2, cores=1, **hw, driver_bandwidth=1e9, driver_latency=2e-3,
+                     overhead_across=2e-3)
+    # a and b put (1 ms each), the call (2 ms), b pulled across (1 ms latency, 2 ms overhead, its
+    # bytes at the put's rate: nothing more); b crosses back (3 ms) and lands (1 ms); y fetched (1 ms)
+    landed = 1e-3 + 1e-3 + 2e-3 + 3e-3 + 3e-3 + 1e-3
+    assert run(graph(feed, 2, 1, 2), ray).makespan == pytest.approx(landed + 1e-3)
+
+
 def test_a_move_waiting_for_a_busy_receiver_does_not_hold_its_senders_port():
     cluster = es.Cluster(machines=4, cores=1, bandwidth_across=1e9, **QUIET)
     tasks = _fan([(3, 0), (1, 0), (1, 2)])

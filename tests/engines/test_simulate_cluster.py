@@ -89,7 +89,7 @@ def object_durations(tg, cluster, split, within):
         n = split[t] or cluster.cores
         widths.append(min(n, cluster.cores))
         if isinstance(task, MoveTask):
-            out.append(simulate._nbytes(task) / cluster.bandwidth_across)
+            out.append(cluster.overhead_across + simulate._nbytes(task) / cluster.bandwidth_across)
             continue
         kernel = apply_seconds(task.op, cluster) if isinstance(task, ApplyTask) else \
             KERNEL_SECONDS[type(task)](task, cluster)
@@ -106,7 +106,7 @@ def test_the_array_replay_is_the_object_replay_event_for_event(optimizer, machin
     worked out task by task) is the oracle for the block-wise lowering into arrays and
     the vectorised durations: same makespan, links, peaks, critical path and times."""
     g = training_graph(CFG, 8, 128, optimizer).ir
-    cluster = Cluster(machines=machines, cores=cores)
+    cluster = Cluster(machines=machines, cores=cores, overhead_across=1e-3)  # Ray's cost per block
     plan = make_plan(g, cluster, compare=False, check_memory=False)
     cg = cluster_graph(plan)
     got = simulate_cluster.run(cg)

@@ -42,11 +42,15 @@ class MachinePart:
         self.index = dict(refined.held)  # cluster-level output task -> the refined task holding it
         self.inputs = [task.inputs for task in tasks]
         self.location = [task.loc for task in tasks]
-        self.rank = priority.ranks(self.inputs, [local.task_cost(task) for task in tasks])
-        # a send goes before its core's other ready work: the share's ranks stop at the
-        # machine, so the work waiting for it elsewhere would rank it last (2 x 1 matmul:
-        # machine 0 multiplied, then sent machine 1 its operand; 225 -> 150 ms a run)
-        first = max(self.rank, default=0.0) + 1.0
+        # a send, and the work it waits for, go before its core's other ready work: the share's
+        # ranks stop at the machine, so the work waiting for the block elsewhere would rank it
+        # last (2 x 1 matmul: machine 0 multiplied, then sent machine 1 its operand, 225 -> 150
+        # ms a run; 2 x 1 attention: machine 0 read the weight it sends after all its own work)
+        cost = [local.task_cost(task) for task in tasks]
+        first = sum(cost) + 1.0  # more than any chain of the share's own work
+        for i in refined.send:
+            cost[i] += first
+        self.rank = priority.ranks(self.inputs, cost)
         self.steps = []
         for i, task in enumerate(tasks):
             if i in refined.receive:
@@ -55,7 +59,6 @@ class MachinePart:
                 self.steps.append(lambda args, ctx, key=("move", t): ctx.receive(key))
             elif i in refined.send:
                 (t, dest), box = refined.send[i], slices(task.box)
-                self.rank[i] += first
                 self.steps.append(lambda args, ctx, key=("move", t), dest=dest, box=box:
                                   ctx.send(dest, key, args[0][box]))
             else:

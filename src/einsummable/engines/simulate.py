@@ -21,7 +21,8 @@ Model, one event per task, taken from a heap in time order:
   holds no core and no link (cores share memory);
 - a move between machines holds the sending machine's NIC out-port and the
   receiving machine's in-port (full duplex, one transfer at a time each way) for
-  ``bytes / bandwidth_across``, then lands ``latency_across`` later. When it becomes
+  ``overhead_across + bytes / bandwidth_across`` (the overhead: Ray's put, call and pull
+  of each block, zero by default), then lands ``latency_across`` later. When it becomes
   ready it books the earliest slot free on both ports, so a move waiting for a busy
   receiver does not hold its sender's port meanwhile;
 - a block is live from its task's start until its last reader finishes (graph
@@ -147,7 +148,8 @@ def driver_seconds(tg: TaskGraph, c: Cluster) -> tuple[list[float], list[float]]
     then submits the machine's call (``driver_latency``, the call and its return). A machine
     returns its fetched output blocks at its end: stored and read back at ``driver_bandwidth``.
     Off the driver's node (machine 0's) a feed or a fetch is a move across, put and pull:
-    ``latency_across + bytes / bandwidth_across`` in all, the put at ``driver_bandwidth``.
+    ``latency_across + overhead_across + bytes / bandwidth_across`` in all, the put at
+    ``driver_bandwidth``.
     None of it with the local engine's defaults (no latency, infinite bandwidth): its feeds
     and outputs are the workers' own memory."""
     machines = tg.workers // tg.cores
@@ -173,7 +175,7 @@ def driver_seconds(tg: TaskGraph, c: Cluster) -> tuple[list[float], list[float]]
     pull = max(1 / c.bandwidth_across - 1 / c.driver_bandwidth, 0.0)
 
     def across(m: int, nbytes: int) -> float:
-        return 0.0 if m == 0 else c.latency_across + nbytes * pull
+        return 0.0 if m == 0 else c.latency_across + c.overhead_across + nbytes * pull
 
     put, release, fetch = 0.0, [], []
     for m in range(machines):
@@ -210,7 +212,7 @@ def _durations(tg: TaskGraph, cluster: Cluster) -> list[float]:
             if tg.machine_of(task.src) == tg.machine_of(task.loc):
                 out[t] = cluster.latency_within + _nbytes(task) / cluster.bandwidth_within
             else:
-                out[t] = _nbytes(task) / cluster.bandwidth_across
+                out[t] = cluster.overhead_across + _nbytes(task) / cluster.bandwidth_across
             continue
         if isinstance(task, ApplyTask):
             if task.op not in cache:

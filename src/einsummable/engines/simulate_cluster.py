@@ -143,7 +143,7 @@ def _timing(cg: ClusterGraph) -> tuple[np.ndarray, np.ndarray]:
     blocks = np.where(cg.split > 0, cg.split, c.cores).astype(float)
     k = kernel / blocks + overhead
     out = np.maximum(k, blocks * k / c.cores)
-    out[move] = g.nbytes()[move] / c.bandwidth_across
+    out[move] = c.overhead_across + g.nbytes()[move] / c.bandwidth_across
     return out, np.minimum(blocks, c.cores).astype(np.int64)
 
 

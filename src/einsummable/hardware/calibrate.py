@@ -25,6 +25,8 @@ from collections.abc import Callable
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from einsummable.errors import PlanError
+
 GEMM_N = 1024
 ELEMENTS = 1 << 22  # 16 MiB of f32: out of cache, like a real block
 COPY_ELEMENTS = 1 << 24  # 64 MiB: past malloc's mmap threshold, so each copy faults its pages in
@@ -129,10 +131,12 @@ def dispatch(cores: int, chain: int = 300) -> dict[str, float]:
 
 def ray_driver(repeats: int = 7) -> dict[str, float]:
     """The Cluster's ``driver_latency`` and ``driver_bandwidth`` for the connected Ray cluster,
-    measured as the Ray engine pays them: an actor call on the driver's node (the empty call's
-    round trip), and arrays shipped to it as an argument and fetched back as a result (and
-    copied out, as the driver assembles an output), fitted to 64 KiB and 32 MiB; medians of
-    ``repeats`` after four warm calls."""
+    measured as the Ray engine pays them: arrays shipped to an actor on the driver's node as an
+    argument and fetched back as a result (and copied out, as the driver assembles an output),
+    of 512 KiB and 32 MiB (both through Ray's object store, as a run's feeds and fetches are);
+    medians of ``repeats`` after four warm calls. The bandwidth is the slope; the latency is
+    what a call carrying one block there and one back costs besides their bytes (the empty
+    call's round trip, 0.8 ms here, and the put and get of each object, 1-2 ms more)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -164,16 +168,68 @@ def ray_driver(repeats: int = 7) -> dict[str, float]:
             times.append(time.perf_counter() - t0)
         return statistics.median(times)
 
+    small, large = 1 << 19, 1 << 25
     try:
-        latency = timed(lambda: ray.get(probe.take.remote(None)))
-        per_byte = []
-        for nbytes in (1 << 16, 1 << 25):
+        call = timed(lambda: ray.get(probe.take.remote(None)))
+        both = {}  # a feed and a fetch of the size
+        for nbytes in (small, large):
             block = np.ones(nbytes // 4, np.float32)
             ray.get(probe.make.remote(nbytes))
             feed = timed(lambda block=block: ray.get(probe.take.remote(block)))
             fetch = timed(lambda n=nbytes: np.array(ray.get(probe.give.remote(n))[1][0], copy=True))
-            per_byte.append((feed + fetch) / 2)
+            both[nbytes] = feed + fetch
     finally:
         ray.kill(probe)
-    bandwidth = ((1 << 25) - (1 << 16)) / max(per_byte[1] - per_byte[0], 1e-9)
+    bandwidth = 2 * (large - small) / max(both[large] - both[small], 1e-9)
+    # the feed's and the fetch's calls are one call in a run: count the empty round trip once
+    latency = max(both[small] - 2 * small / bandwidth - call, call)
     return {"driver_latency": latency, "driver_bandwidth": bandwidth}
+
+
+def ray_link(repeats: int = 7, burst: int = 6) -> dict[str, float]:
+    """The Cluster's ``bandwidth_across``, ``overhead_across`` and ``latency_across`` for the
+    connected Ray cluster's first two machines (nodes), measured as the Ray engine moves a block:
+    an actor call carrying it, from an actor on one node to one on the other, answered when it
+    has run. Medians of ``repeats`` after a warm one.
+
+    One block's round trip, of 512 KiB and 16 MiB, gives the bandwidth (a lone block takes
+    ``latency_across + overhead_across + bytes / bandwidth_across``); ``burst`` blocks of 512 KiB
+    sent back to back give the overhead: each block after the first adds what one holds the
+    link, ``overhead_across + bytes / bandwidth_across`` (Ray puts, calls and pulls each object
+    in turn: about 4 ms a block here, where the bytes take 0.5 ms). Both sizes go through Ray's
+    object store; a block under 100 KiB is sent inline with its call, cheaper than the model says."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0, max_concurrency=32)  # threaded, as the engine's machine actor
+    class End:
+        def take(self, block: np.ndarray) -> None:
+            """A block arrives."""
+
+        def give(self, peer, nbytes: int, count: int) -> float:
+            """Median seconds until ``count`` blocks sent back to back have all arrived."""
+            block, out = np.ones(nbytes // 4, np.float32), []
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                ray.get([peer.take.remote(block) for _ in range(count)])
+                out.append(time.perf_counter() - t0)
+            return statistics.median(out[1:])
+
+    here = ray.get_runtime_context().get_node_id()  # machines 0 and 1 as the engine orders them
+    hosts = sorted((n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1),
+                   key=lambda node: (node != here, node))[:2]
+    if len(hosts) < 2:
+        raise PlanError(f"calibrate.ray_link needs a Ray cluster of two nodes with CPUs; it has {len(hosts)}")
+    ends = [End.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
+            for node in hosts]
+    small, large = 1 << 19, 1 << 24
+    try:
+        one = {n: ray.get(ends[0].give.remote(ends[1], n, 1)) for n in (small, large)}
+        held = (ray.get(ends[0].give.remote(ends[1], small, burst)) - one[small]) / (burst - 1)
+    finally:
+        for end in ends:
+            ray.kill(end)
+    bandwidth = (large - small) / max(one[large] - one[small], 1e-9)
+    overhead = max(held - small / bandwidth, 0.0)
+    return {"bandwidth_across": bandwidth, "overhead_across": overhead,
+            "latency_across": max(one[small] - small / bandwidth - overhead, 0.0)}

@@ -5,8 +5,9 @@ an elementwise rate, a memory-copy rate, link latencies, the per-task overheads
 (``task_overhead`` for a task that runs a kernel, ``view_overhead`` for an input or a
 view) and the memory of a machine, and what a driver in another process pays to feed and
 fetch (``driver_latency``, ``driver_bandwidth``: the Ray engine). ``Cluster.measure()``
-fills the rates and overheads in for this machine, ``calibrate.ray_driver()`` the driver's costs
-(hardware/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
+fills the rates and overheads in for this machine, ``calibrate.ray_driver()`` the driver's costs and
+``calibrate.ray_link()`` Ray's between machines (with ``overhead_across``, its cost per
+block) (hardware/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
 
 Workers are numbered machine-major: worker ``w`` is core ``w % cores`` of machine
 ``w // cores``. ``blas_threads`` is how many cores one worker's GEMMs use: the
@@ -45,6 +46,9 @@ class Cluster:
     copy_bandwidth: float = 5e9  # bytes/s one core copies (fills, assembling partials)
     latency_within: float = 1e-6  # seconds before a move inside a machine lands
     latency_across: float = 2e-5  # seconds before a move between machines lands
+    # seconds a move between machines holds its NICs besides its bytes: a cost per block moved,
+    # one after another (Ray: the put, call and pull of an object); a plain NIC's is in the bytes
+    overhead_across: float = 0.0
     task_overhead: float = 1.5e-5  # an engine's scheduling cost per kernel task, on its core
     view_overhead: float = 2e-6  # that of a task that runs no kernel (an input, a view): dispatch alone
     memory_per_machine: float = 256 * 2**30  # bytes
@@ -66,7 +70,8 @@ class Cluster:
                 raise PlanError(f"Cluster {name} must be positive, got {getattr(self, name)!r}")
         if self.min_block_seconds < 0:
             raise PlanError(f"Cluster min_block_seconds must be >= 0, got {self.min_block_seconds!r}")
-        for name in ("latency_within", "latency_across", "task_overhead", "view_overhead", "driver_latency"):
+        for name in ("latency_within", "latency_across", "overhead_across", "task_overhead",
+                     "view_overhead", "driver_latency"):
             if not getattr(self, name) >= 0:
                 raise PlanError(f"Cluster {name} must be >= 0, got {getattr(self, name)!r}")
 
