@@ -164,6 +164,7 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the workload sizes")
     ap.add_argument("--out", default=".", help="where the calibrated cluster JSON files go")
     args = ap.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     graphs = suite(args.scale)
     ray_cluster = _ray_nodes() if "ray" in args.engines else None
     rows = []

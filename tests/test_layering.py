@@ -39,6 +39,12 @@ TOP = {"einsummable", "__main__", "compile", "cli", "cli_plan", "models", "train
 LAZY = {
     ("einsummable.hardware.cluster", "einsummable.engines.ray.nodes"):
         "Cluster.from_ray reuses the Ray engine's node discovery; Ray stays an optional extra",
+    ("einsummable.hardware.calibrate", "einsummable.engines.cbuild"):
+        "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
+    ("einsummable.hardware.calibrate", "einsummable.engines.kernels"):
+        "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
+    ("einsummable.hardware.calibrate", "einsummable.engines.native"):
+        "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
     ("einsummable.hardware.calibrate", "einsummable.engines.local"):
         "Cluster.measure times the local engine's own cost per task (calibrate.dispatch)",
     ("einsummable.hardware.calibrate", "einsummable.lower.taskgraph"):

@@ -130,3 +130,23 @@ def test_the_overhead_across_is_checked_and_kept_in_json(tmp_path):
     # a file written before the field existed still loads, with no overhead
     (tmp_path / "old.json").write_text('{"machines": 2, "latency_across": 0.001}')
     assert es.Cluster.from_json(tmp_path / "old.json") == es.Cluster(machines=2, latency_across=1e-3)
+
+
+def test_the_node_cost_is_checked_kept_in_json_and_one_on_the_numpy_path(tmp_path, monkeypatch):
+    with pytest.raises(es.PlanError, match="elementwise_node_cost must be >= 0, got -0.5"):
+        es.Cluster(elementwise_node_cost=-0.5)
+    assert es.Cluster().elementwise_node_cost == 1.0  # a numpy ufunc pass a node, as before
+    compiled = es.Cluster(elementwise_node_cost=0.3)
+    compiled.to_json(tmp_path / "c.json")
+    assert es.Cluster.from_json(tmp_path / "c.json") == compiled
+    monkeypatch.setenv("EINSUMMABLE_KERNELS", "numpy")
+    assert calibrate.node_cost(1) == 1.0
+
+
+def test_node_cost_measures_a_compiled_joins_nodes_as_less_than_a_pass_each():
+    """One loop over the elements, whatever its nodes: each costs well under a ufunc pass."""
+    from einsummable.engines import cbuild
+
+    if not cbuild.enabled() or cbuild.compiler() is None:
+        pytest.skip("compiled kernels off")
+    assert 0.0 <= calibrate.node_cost(1) < 1.0

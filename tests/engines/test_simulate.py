@@ -258,3 +258,20 @@ def test_a_driver_in_another_process_feeds_machines_in_turn_and_fetches_at_their
     local = run(graph(tasks, 2, 1, 2), es.Cluster(machines=2, cores=1, **hw))  # the driver's memory: free
     assert local.makespan == pytest.approx(2e-3 + 1e-3)
     assert "driver" not in local.critical_time
+
+
+@pytest.mark.parametrize("node_cost", [1.0, 0.25, 0.0])
+def test_a_joins_nodes_past_its_first_cost_the_clusters_node_cost_of_a_pass(node_cost):
+    """numpy runs a ufunc pass per node (1.0: the join's flops); a compiled join runs its nodes
+    in one loop, so each further node costs a measured fraction of a pass."""
+    softmax_sum = Einsummable.from_spec("ij,i->i", [(250, 1000), (250,)], join="exp(x0 - x1)", agg="add")
+    tasks = [InputTask("a", BOX, "f32", 0), InputTask("m", ((0, 250),), "f32", 0),
+             ApplyTask(softmax_sum, (0, 1), 0)]
+    cluster = es.Cluster(**QUIET | {"elementwise_flops_per_core": 1e9, "copy_bandwidth": 1e9,
+                                    "elementwise_node_cost": node_cost})
+    # 250,000 elements: sub, exp and the sum, the first a pass (0.25 ms), each other node_cost of one;
+    # the 1,000-byte write (1 us)
+    expected = 2.5e-4 * (1 + 2 * node_cost) + 1e-6
+    tg = TaskGraph(tuple(tasks), {"y": Output((250,), "f32", ((2, ((0, 250),)),))}, 1, 1)
+    assert run(tg, cluster).makespan == pytest.approx(expected)
+    assert softmax_sum.passes(1.0) == softmax_sum.flops()

@@ -95,7 +95,7 @@ def apply_seconds(op: Einsummable, c: Cluster) -> float:
         matched = set(op.inputs[a]) | set(op.inputs[b])
         compares = math.prod(op.join_shape[i] for i in matched)
         return (compares + math.prod(op.out_shape)) / c.elementwise_flops_per_core + write
-    return op.flops() / c.elementwise_flops_per_core + write
+    return op.passes(c.elementwise_node_cost) / c.elementwise_flops_per_core + write
 
 
 def _partial_seconds(task: PartialTask, c: Cluster) -> float:

@@ -84,6 +84,42 @@ def _copy() -> Callable[[], None]:
     return lambda: np.array(src, copy=True)
 
 
+# joins of two operands and their nodes, timed against one node (x0 * x1): arithmetic, exp, sqrt
+NODE_JOINS = (("exp(x0 - x1)", 2), ("(x0 - x1) * (x0 + x1)", 3), ("exp(x0 - x1) * x1 + x0", 4),
+              ("sqrt(x0 * x0 + x1 * x1) / (x0 + 2.0)", 6))
+NODE_ELEMENTS = 1 << 20  # 4 MiB of f32: a block's size, out of L2
+
+
+def node_cost(cores: int) -> float:
+    """``elementwise_node_cost``: what a join's each node past its first costs, in passes, as the
+    engines run joins: 1.0 on the numpy path (a ufunc pass a node); compiled, the median over
+    NODE_JOINS of (its time / one node's time - 1) / (its nodes - 1)."""
+    from einsummable.engines import (  # the engines' own kernels, loaded only when asked
+        cbuild,
+        kernels,
+        native,
+    )
+    from einsummable.ir.einsummable import Einsummable
+
+    if not cbuild.enabled() or cbuild.compiler() is None:
+        return 1.0
+
+    def join(expr: str) -> Callable[[], Callable[[], None]]:
+        def make() -> Callable[[], None]:
+            rng = np.random.default_rng(0)
+            xs = [rng.standard_normal(NODE_ELEMENTS, dtype=np.float32) for _ in range(2)]
+            run = kernels.prepare(Einsummable.from_spec("i,i->i", [(NODE_ELEMENTS,)] * 2, join=expr,
+                                                        dtypes=["f32", "f32"]))
+            native.flush()
+            return lambda: run(xs, None)
+
+        return make
+
+    one = _per_core_seconds(cores, join("x0 * x1"))
+    return statistics.median(max(0.0, (_per_core_seconds(cores, join(e)) / one - 1) / (n - 1))
+                             for e, n in NODE_JOINS)
+
+
 def rates(cores: int) -> dict[str, float]:
     """This machine's measured Cluster fields (rates and memory) with ``cores`` busy cores."""
     with threadpool_limits(1, "blas"):
@@ -92,7 +128,8 @@ def rates(cores: int) -> dict[str, float]:
         copy = 4 * COPY_ELEMENTS / _per_core_seconds(cores, _copy)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"flops_per_core": gemm, "bandwidth_within": copy, "elementwise_flops_per_core": elementwise,
-            "copy_bandwidth": copy, "memory_per_machine": float(memory)} | dispatch(cores)
+            "copy_bandwidth": copy, "memory_per_machine": float(memory),
+            "elementwise_node_cost": node_cost(cores)} | dispatch(cores)
 
 
 def dispatch(cores: int, chain: int = 300) -> dict[str, float]:

@@ -42,7 +42,10 @@ class Cluster:
     bandwidth_within: float = 1e10
     bandwidth_across: float = 1.25e9
     min_block_seconds: float = 5e-4
-    elementwise_flops_per_core: float = 1e9  # joins, reductions, partial sums
+    elementwise_flops_per_core: float = 1e9  # joins, reductions, partial sums: passes over their elements
+    # a join's each node past its first, in passes: 1 where each is a numpy ufunc pass; a compiled
+    # join runs all its nodes in one loop (Cluster.measure times it: about 0.3 here)
+    elementwise_node_cost: float = 1.0
     copy_bandwidth: float = 5e9  # bytes/s one core copies (fills, assembling partials)
     latency_within: float = 1e-6  # seconds before a move inside a machine lands
     latency_across: float = 2e-5  # seconds before a move between machines lands
@@ -71,7 +74,7 @@ class Cluster:
         if self.min_block_seconds < 0:
             raise PlanError(f"Cluster min_block_seconds must be >= 0, got {self.min_block_seconds!r}")
         for name in ("latency_within", "latency_across", "overhead_across", "task_overhead",
-                     "view_overhead", "driver_latency"):
+                     "view_overhead", "driver_latency", "elementwise_node_cost"):
             if not getattr(self, name) >= 0:
                 raise PlanError(f"Cluster {name} must be >= 0, got {getattr(self, name)!r}")
 

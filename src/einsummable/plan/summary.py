@@ -59,7 +59,7 @@ def op_seconds(op: Einsummable, cluster: Cluster) -> float:
         matched = set(op.inputs[gather[0]]) | set(op.inputs[gather[1]])
         compares = math.prod(op.join_shape[i] for i in matched)
         return (compares + math.prod(op.out_shape)) / cluster.elementwise_flops_per_core + write
-    return op.flops() / cluster.elementwise_flops_per_core + write
+    return op.passes(cluster.elementwise_node_cost) / cluster.elementwise_flops_per_core + write
 
 
 def node_seconds(node: Node, cluster: Cluster) -> float:
