@@ -51,8 +51,11 @@ load (its bytes 0.5-1 ms), which ``_ray_link`` had fitted through a 64 KiB block
 0.46 -> 0.76 and 0.44 -> 0.73 (measured 82 -> 79 and 99 -> 74 ms). On two quiet moments
 (load 1.5, and 1.1 falling to 0.2; least of 5) 18 rows of 20 read within 25% each time:
 local 0.96..1.06, ray 1x2 1.05..1.18, ray 2x1 0.79..1.22 (attention 0.84 and 0.86), but the
-local attention rows 1.31..1.43: the local model, which predicts what it did before these
-changes (the new terms cost nothing on one machine). The Ray rows swing with
+local attention rows 1.31..1.43: the local model charged each node of a join a numpy pass,
+where the compiled join runs them all in one loop. With ``elementwise_node_cost`` measured
+as the compiled kernels run (``calibrate.node_cost``: 0.03 and 0.0 here), all 20 rows read
+within 25% (load 0.1-0.6, least of 5): local 0.95..1.07 (attention 0.95 and 1.00), ray 1x2
+1.02..1.23, ray 2x1 0.81..1.21. The Ray rows swing with
 the load more than the local ones (two raylets, object stores and actors share the 2 cores
 with everyone else): ray 1x2 read 0.63..0.71 in one busy run, ray 2x1 attention 0.72..1.05
 over seven runs; mlp fwd+bwd reads 0.55..1.22 on Ray, 1x2 as 2x1, so its gap is not in the moves.
