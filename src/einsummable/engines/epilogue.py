@@ -18,7 +18,7 @@ inputs instead of its block, and the GEMM's task reads nothing and yields nothin
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -42,15 +42,9 @@ def pairs(tasks: Sequence, keep: set[int]) -> dict[int, tuple[int, int]]:
     GEMM operands of one join, the last in task order is taken: the others are ready
     before it, so running it late in the join's task delays little.
     """
-    readers = [0] * len(tasks)
-    for t in tasks:
-        for i in t.inputs:
-            readers[i] += 1
+    readers = reader_counts(tasks)
     out: dict[int, tuple[int, int]] = {}
-    for j, join in enumerate(tasks):
-        if not (isinstance(join, ApplyTask) and join.op.agg is None) or \
-                any(isinstance(tasks[i], MoveTask) for i in join.inputs):
-            continue
+    for j, join in local_joins(tasks):
         best = None
         for k, g in enumerate(join.inputs):
             gemm = tasks[g]
@@ -61,6 +55,23 @@ def pairs(tasks: Sequence, keep: set[int]) -> dict[int, tuple[int, int]]:
         if best is not None:
             out[j] = best
     return out
+
+
+def reader_counts(tasks: Sequence) -> list[int]:
+    """How many tasks read each task's block."""
+    readers = [0] * len(tasks)
+    for t in tasks:
+        for i in t.inputs:
+            readers[i] += 1
+    return readers
+
+
+def local_joins(tasks: Sequence) -> Iterator[tuple[int, ApplyTask]]:
+    """The elementwise join tasks that read no move: those that may run another task's work."""
+    for j, join in enumerate(tasks):
+        if isinstance(join, ApplyTask) and join.op.agg is None and \
+                not any(isinstance(tasks[i], MoveTask) for i in join.inputs):
+            yield j, join
 
 
 def rewire(inputs: list[tuple[int, ...]], fused: dict[int, tuple[int, int]]) -> list[tuple[int, ...]]:

@@ -28,11 +28,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from einsummable.engines import cbuild, crows, kernels, native
+from einsummable.engines import cbuild, crows, epilogue, kernels, native
 from einsummable.engines.reference_kernel import kept_wide
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
-from einsummable.lower.taskgraph import ApplyTask, MoveTask
+from einsummable.lower.taskgraph import ApplyTask
 
 
 def pairs(tasks: Sequence, keep: set[int]) -> dict[int, tuple[int, int]]:
@@ -44,15 +44,9 @@ def pairs(tasks: Sequence, keep: set[int]) -> dict[int, tuple[int, int]]:
     """
     if not cbuild.enabled():
         return {}
-    readers = [0] * len(tasks)
-    for t in tasks:
-        for i in t.inputs:
-            readers[i] += 1
+    readers = epilogue.reader_counts(tasks)
     out: dict[int, tuple[int, int]] = {}
-    for j, join in enumerate(tasks):
-        if not (isinstance(join, ApplyTask) and join.op.agg is None) or \
-                any(isinstance(tasks[i], MoveTask) for i in join.inputs):
-            continue
+    for j, join in epilogue.local_joins(tasks):
         for k in reversed(range(len(join.inputs))):
             r = join.inputs[k]
             red = tasks[r]
