@@ -85,11 +85,14 @@ def generation(model, cfg, params, args, engine: str, batch: int) -> None:
     fed = Generator(cfg, params, workers=args.workers, resident=False)
     t_prompts = torch.from_numpy(prompts)
 
+    # No end-of-sequence token, as ours has none: min_new_tokens would instead mask token 2's
+    # logits, and a row whose argmax is 2 then went another way (224 of 256 tokens equal, not 256).
+    model.generation_config.eos_token_id = None
+
     def torch_generate():
         with torch.no_grad():
             return model.generate(t_prompts, attention_mask=torch.ones_like(t_prompts), do_sample=False,
-                                  use_cache=True, max_new_tokens=args.new_tokens,
-                                  min_new_tokens=args.new_tokens, pad_token_id=0)
+                                  use_cache=True, max_new_tokens=args.new_tokens, pad_token_id=0)
 
     theirs = np.array(torch_generate()[:, args.prompt :].tolist())
     ours = {name: np.array(gen.generate(prompts.tolist(), args.new_tokens))
