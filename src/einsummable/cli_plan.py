@@ -180,6 +180,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     cluster = Cluster.measure(args.machines, args.cores)
     cluster.to_json(args.out)
     print(f"{cluster}: GEMM {cluster.flops_per_core / 1e9:.1f} GFLOP/s per core, elementwise "
-          f"{cluster.elementwise_flops_per_core / 1e9:.2f} GFLOP/s, "
-          f"copy {cluster.copy_bandwidth / 1e9:.1f} GB/s, "
+          f"{cluster.elementwise_flops_per_core / 1e9:.2f} GFLOP/s (a join's further node "
+          f"{cluster.elementwise_node_cost:.2f} of a pass), copy {cluster.copy_bandwidth / 1e9:.1f} GB/s, "
+          f"per task {cluster.task_overhead * 1e6:.1f} us (a view {cluster.view_overhead * 1e6:.1f} us), "
           f"{cluster.memory_per_machine / 2**30:.0f} GiB per machine; wrote {args.out}")
