@@ -135,6 +135,28 @@ def test_fused_step_gives_the_bits_of_its_two_kernels_and_the_numpy_path(monkeyp
         np.testing.assert_allclose(g[finite], w[finite], rtol=rtol, atol=rtol * scale, err_msg=what)
 
 
+def test_two_pairs_of_one_form_walked_in_other_orders_each_give_their_own_bits():
+    """A reduction walks its largest operand's order, which its sizes choose: two pairs of one
+    form, built in one process, each get the function of their own order (the cache kept the
+    first one's, whose sum ran in another order: bits apart from the engine's kernels)."""
+    built = []
+    for n0 in (1, 4):  # loop orders (0, 1, 2) and (0, 2, 1)
+        red = Einsummable.from_spec("jk,ikj->i", [(40, 37), (n0, 37, 40)], join="exp(x0 * 0.01) * x1",
+                                    agg="add", dtypes=["f32", "f32"])
+        join = Einsummable.from_spec("i,ij->ij", [(n0,), (n0, 7)], join="x1 - x0", dtypes=["f32", "f32"])
+        step = rowfuse.step(red, join, 0, ["r0", "r1"], ["R", "j1"])
+        built.append((red, join, step, kernels.prepare(red), kernels.prepare(join)))
+    native.flush()
+    rng = np.random.default_rng(0)
+    for red, join, step, c_red, c_join in built:
+        arrays = {"r0": rng.standard_normal((40, 37)).astype(np.float32),
+                  "r1": rng.standard_normal(red.input_shapes[1]).astype(np.float32),
+                  "j1": rng.standard_normal(join.input_shapes[1]).astype(np.float32)}
+        got = step([arrays[n] for n in rowfuse.shared(["r0", "r1"], ["R", "j1"], 0)], {}, {})
+        want = c_join([c_red([arrays["r0"], arrays["r1"]], None), arrays["j1"]], None)
+        assert (got == want).all(), f"{red.join_shape}: {got[got != want][:3]} vs {want[got != want][:3]}"
+
+
 def test_what_stays_apart():
     """f16 stays on numpy (as its kernels do); a join that reads R's block along other dims
     than its leading ones, and a reduction walked with its kept dim innermost, have no row."""
@@ -229,8 +251,11 @@ def test_a_reduction_read_twice_or_kept_as_an_output_runs_apart():
     assert _against_reference(g, feeds, 1, 2e-5).executor.rows == {}
 
 
-def test_without_compiled_kernels_nothing_fuses(monkeypatch):
-    monkeypatch.setenv(cbuild.ENV, "numpy")
+@pytest.mark.parametrize("off", [(cbuild.ENV, "numpy"), ("CC", "/nonexistent/cc")])
+def test_without_compiled_kernels_nothing_fuses(monkeypatch, off):
+    """Forced off, or no compiler: the two tasks run apart from the start (a fused pair would
+    hold its reduction back for its join's operands, then run the two kernels apart anyway)."""
+    monkeypatch.setenv(*off)
     g, feeds = _graph()
     assert _against_reference(g, feeds, 1, 2e-5).executor.rows == {}
 

@@ -39,9 +39,10 @@ from einsummable.ir.expr import variables_used
 def generate(red: Einsummable, join: Einsummable, k: int, rounded: str) -> Source | None:
     """The fused function for R = ``red`` (computed as written, its sum rounded to ``rounded``,
     the dtype of its block) and J = ``join`` reading that block as operand ``k``; None where
-    either half has no C form. Cached by the pair's form, not its sizes."""
+    either half has no C form. Cached by the pair's form and the size-dependent choices the code
+    makes (``_layout``), not its sizes."""
     key = (red.join, red.dtypes, red.inputs, red.out_rank, red.agg, red.rank, rounded,
-           join.join, join.dtypes, join.inputs, join.rank, k)
+           join.join, join.dtypes, join.inputs, join.rank, k, _layout(red, join))
     if key not in _generated:
         try:
             _generated[key] = _generate_pair(red, join, k, rounded)
@@ -53,6 +54,16 @@ def generate(red: Einsummable, join: Einsummable, k: int, rounded: str) -> Sourc
 _generated: dict[tuple, Source | None] = {}
 
 
+def _layout(red: Einsummable, join: Einsummable) -> tuple:
+    """What the generated code depends on besides the pair's form: the loop orders (a reduction
+    walks its largest operand's order) and whether R factors (only where its sum is not empty),
+    with its inner sum's order and kernel."""
+    parts = factored_parts(red)
+    inner = None if parts is None else parts[0][0]
+    return (loop_order(red), loop_order(join),
+            None if inner is None else (loop_order(inner), kernels.is_gemm(inner)))
+
+
 def _generate_pair(red: Einsummable, join: Einsummable, k: int, rounded: str) -> Source:
     _generate(red)  # each half alone has a C form (its dtypes, ops and casts), or this raises
     _generate(join)
@@ -60,7 +71,8 @@ def _generate_pair(red: Einsummable, join: Einsummable, k: int, rounded: str) ->
     p, nr = red.out_rank, len(red.inputs)
     acc_t = "float" if red.dtype in ("f32", "bf16", "f16") else COMPUTE[red.dtype]
     key = repr(("rows", scalar.to_string(red.join), red.dtypes, red.inputs, red.out_rank, red.agg, red.rank,
-                rounded, scalar.to_string(join.join), join.dtypes, join.inputs, join.rank, k))
+                rounded, scalar.to_string(join.join), join.dtypes, join.inputs, join.rank, k,
+                _layout(red, join)))
     name = "r_" + hashlib.sha256(key.encode()).hexdigest()[:20]
     lines = [f"const int64_t *const n_r = n, *const n_j = n + {red.rank};",
              f"const int64_t *const s_r = s, *const s_j = s + {nr * red.rank};",

@@ -42,7 +42,7 @@ def pairs(tasks: Sequence, keep: set[int]) -> dict[int, tuple[int, int]]:
     join that reads a move (another worker's block, at its pace) stays apart. Of several
     reductions a join reads, the last in task order is taken.
     """
-    if not cbuild.enabled():
+    if not cbuild.enabled() or cbuild.compiler() is None:
         return {}
     readers = epilogue.reader_counts(tasks)
     out: dict[int, tuple[int, int]] = {}
