@@ -252,9 +252,9 @@ def ray_link(repeats: int = 7, burst: int = 6) -> dict[str, float]:
                 out.append(time.perf_counter() - t0)
             return statistics.median(out[1:])
 
-    here = ray.get_runtime_context().get_node_id()  # machines 0 and 1 as the engine orders them
-    hosts = sorted((n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1),
-                   key=lambda node: (node != here, node))[:2]
+    from einsummable.engines.ray.nodes import live_nodes  # machines 0 and 1 as the engine orders them
+
+    hosts = [n["NodeID"] for n in live_nodes()][:2]
     if len(hosts) < 2:
         raise PlanError(f"calibrate.ray_link needs a Ray cluster of two nodes with CPUs; it has {len(hosts)}")
     ends = [End.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)).remote()
