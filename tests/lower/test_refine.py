@@ -199,3 +199,18 @@ def test_the_work_a_send_waits_for_goes_before_the_machines_other_work():
             assert min(part.rank[i] for i in waited_for) > max(part.rank[i] for i in other)
             checked += 1
     assert checked  # some machine sends what it reads from its feeds
+
+
+def test_a_tensor_with_an_empty_dimension_runs_per_machine_as_the_reference_does():
+    """A box of no elements is assembled from no pieces (it crashed with an IndexError)."""
+    g = es.Graph()
+    x, w = g.input("x", (0, 8)), g.input("w", (8, 6))
+    g.output("z", es.einsum("ik->ik", es.einsum("ij,jk->ik", x, w), join="exp(x0)"))
+    g.output("s", es.einsum("ij->j", x))
+    feeds = {"x": np.zeros((0, 8), np.float32), "w": np.ones((8, 6), np.float32)}
+    plan = es.compile(g, cluster=Cluster(machines=2, cores=2), engine="simulate").plan
+    cg, shares = machine_shares(plan)
+    got = run_machines(shares, cg.outputs, feeds)
+    want = reference.run(g.ir, feeds)
+    for name in ("z", "s"):
+        assert got[name].shape == want[name].shape and np.array_equal(got[name], want[name]), name

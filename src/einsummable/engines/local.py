@@ -113,7 +113,7 @@ def _partial(task: PartialTask):
     pieces = [(p.input, slices(p.src), slices(p.dst_box), p.dst_box == full) for p in task.pieces]
     dtype = to_numpy(task.dtype)
     reduce = reference_kernel.REDUCE[task.agg] if task.agg else None
-    if all(whole for *_, whole in pieces):
+    if pieces and all(whole for *_, whole in pieces):  # none: an empty box, assembled from nothing
         (k0, src0, _, _), rest = pieces[0], pieces[1:]
 
         def accumulate(args, feeds, variables):
