@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from einsummable.engines.cprelude import VECTOR_MATH
@@ -274,34 +275,46 @@ def _loops(op: Einsummable, order: tuple[int, ...], em: _Emitter, value: str, ac
     if op.agg:
         lines.append(f"for (int64_t i = 0; i < {stride}; i++) y[i] = ({acc_t}){IDENTITY[op.agg]};")
     offsets = {k: "0" for k in range(len(op.inputs))} | {"y": "0"}
+    operands = range(len(op.inputs))
     depth = 0
     for d in order[:-1] if rank else ():
-        lines.append(f"{'  ' * depth}for (int64_t i{d} = 0; i{d} < n[{d}]; i{d}++) {{")
+        lines += _loop(op, d, operands, offsets, "  " * depth)
         depth += 1
-        for k, idx in enumerate(op.inputs):
-            if d in idx:
-                lines.append(f"{'  ' * depth}const int64_t a{k}_{d} = {offsets[k]} + i{d} * s{k}_{d};")
-                offsets[k] = f"a{k}_{d}"
-        if d < out_rank:
-            lines.append(f"{'  ' * depth}const int64_t ay_{d} = {offsets['y']} + i{d} * o_{d};")
-            offsets["y"] = f"ay_{d}"
     pad = "  " * depth
     if not rank:
         body = _body(op, em, value, None, offsets, False, acc_t, pad)
         lines += [pad + "{", *body, pad + "}"]
     else:
-        inner = order[-1]
-        unit = [f"s{k}_{inner} == 1" for k, idx in enumerate(op.inputs) if inner in idx]
-        if inner < out_rank:
-            unit.append(f"o_{inner} == 1")
-        lines.append(f"{pad}if ({' && '.join(unit) or '1'}) {{")
-        lines += _inner(op, em, value, inner, offsets, True, acc_t, pad + "  ")
-        lines.append(f"{pad}}} else {{")
-        lines += _inner(op, em, value, inner, offsets, False, acc_t, pad + "  ")
-        lines.append(f"{pad}}}")
+        lines += _streamed(op, em, value, order[-1], operands, offsets, acc_t, pad)
     for level in reversed(range(depth)):
         lines.append("  " * level + "}")
     return "".join("  " + line + "\n" for line in lines)
+
+
+def _loop(op: Einsummable, d: int, operands: Sequence[int], offsets: dict, pad: str) -> list[str]:
+    """The loop over join dim ``d`` opened (its body at ``pad`` + 2), with the offset of each of
+    ``operands`` that ``d`` indexes advanced, and the output's where ``d`` is one of its dims."""
+    lines = [f"{pad}for (int64_t i{d} = 0; i{d} < n[{d}]; i{d}++) {{"]
+    for k in operands:
+        if d in op.inputs[k]:
+            lines.append(f"{pad}  const int64_t a{k}_{d} = {offsets[k]} + i{d} * s{k}_{d};")
+            offsets[k] = f"a{k}_{d}"
+    if d < op.out_rank:
+        lines.append(f"{pad}  const int64_t ay_{d} = {offsets['y']} + i{d} * o_{d};")
+        offsets["y"] = f"ay_{d}"
+    return lines
+
+
+def _streamed(op, em, value, d, operands, offsets, acc_t, pad) -> list[str]:
+    """The innermost loop, over ``d``, written twice: unit stride (so it vectorises) and general."""
+    unit = [f"s{k}_{d} == 1" for k in operands if d in op.inputs[k]]
+    if d < op.out_rank:
+        unit.append(f"o_{d} == 1")
+    return [f"{pad}if ({' && '.join(unit) or '1'}) {{",
+            *_inner(op, em, value, d, offsets, True, acc_t, pad + "  "),
+            f"{pad}}} else {{",
+            *_inner(op, em, value, d, offsets, False, acc_t, pad + "  "),
+            f"{pad}}}"]
 
 
 def _inner(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:

@@ -25,8 +25,9 @@ from einsummable.engines.ccodegen import (
     _body,
     _Emitter,
     _generate,
-    _inner,
     _literal,
+    _loop,
+    _streamed,
     loop_order,
 )
 from einsummable.engines.kernels import factored_parts
@@ -156,26 +157,12 @@ def _scope(op: Einsummable, names: tuple[str, ...], pad: str, half: str, head: l
         raise Unsupported("a reduction walked with a kept dim inside: no row to fuse")
     order = loop_order(op)[p:]  # the row's dims, outermost first; the last streams
     inner = [pad + "  " + line for line in lines]
-    depth = 1
+    operands = [m for m in range(len(op.inputs)) if slots[m] is not None]
+    depth = 1  # R's dims past p are reduced, J's are its own: an output dim where op.agg is None
     for d in order[:-1]:
-        inner.append(f"{pad}{'  ' * depth}for (int64_t i{d} = 0; i{d} < n[{d}]; i{d}++) {{")
+        inner += _loop(op, d, operands, offsets, pad + "  " * depth)
         depth += 1
-        for m, idx in enumerate(op.inputs):
-            if slots[m] is not None and d in idx:
-                inner.append(f"{pad}{'  ' * depth}const int64_t a{m}_{d} = {offsets[m]} + i{d} * s{m}_{d};")
-                offsets[m] = f"a{m}_{d}"
-        if op.agg is None:
-            inner.append(f"{pad}{'  ' * depth}const int64_t ay_{d} = {offsets['y']} + i{d} * o_{d};")
-            offsets["y"] = f"ay_{d}"
-    last, deep = order[-1], pad + "  " * depth
-    unit = [f"s{m}_{last} == 1" for m, idx in enumerate(op.inputs) if slots[m] is not None and last in idx]
-    if op.agg is None:
-        unit.append(f"o_{last} == 1")
-    inner.append(f"{deep}if ({' && '.join(unit) or '1'}) {{")
-    inner += _inner(op, em, value, last, offsets, True, acc_t, deep + "  ")
-    inner.append(f"{deep}}} else {{")
-    inner += _inner(op, em, value, last, offsets, False, acc_t, deep + "  ")
-    inner.append(f"{deep}}}")
+    inner += _streamed(op, em, value, order[-1], operands, offsets, acc_t, pad + "  " * depth)
     for level in reversed(range(1, depth)):
         inner.append(pad + "  " * level + "}")
     if op.agg:
