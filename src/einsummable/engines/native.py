@@ -53,13 +53,41 @@ def flush() -> None:
         cbuild.build(batch)
 
 
-class _Compiled:
+class Function:
+    """A generated C function, built with its batch (``flush``) at its first call: ``get()`` is
+    it, or None once its build failed (warned once; the caller's numpy path from then on).
+    ``call`` hands it the operands' addresses, the sizes, the strides, the run-time variables
+    and a fresh output block."""
+
+    def __init__(self, src: cbuild.Source) -> None:
+        self.src = src
+        self.fn: ctypes._CFuncPtr | None = None
+        self.failed = False
+        self.no_variables = (ctypes.c_double * 1)()
+
+    def get(self) -> ctypes._CFuncPtr | None:
+        if self.fn is None and not self.failed:
+            flush()
+            self.fn = cbuild.function(self.src)
+            self.failed = self.fn is None
+        return self.fn
+
+    def call(self, fn: ctypes._CFuncPtr, pointers: ctypes.Array, sizes: ctypes.Array, strides: ctypes.Array,
+             variables: dict | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        names = self.src.variables
+        values = (ctypes.c_double * len(names))(*[_variable(n, variables) for n in names]) if names \
+            else self.no_variables
+        out, at = _empty(shape, dtype)
+        fn(pointers, sizes, strides, values, ctypes.c_void_p(at))
+        return out
+
+
+class _Compiled(Function):
     """Calls the C function: pointers, the join's sizes, each operand's strides per join dim."""
 
     def __init__(self, op: Einsummable, src: cbuild.Source, fallback: Body) -> None:
-        self.op, self.src, self.fallback = op, src, fallback
-        self.fn: ctypes._CFuncPtr | None = None
-        self.failed = False
+        super().__init__(src)
+        self.op, self.fallback = op, fallback
         self.dtypes = [to_numpy(d) for d in op.dtypes]
         self.shapes = [tuple(op.join_shape[i] for i in idx) for idx in op.inputs]
         self.sizes = (ctypes.c_int64 * max(1, op.rank))(*op.join_shape)
@@ -69,30 +97,18 @@ class _Compiled:
         self.out_shape = op.out_shape
         self.pointers = ctypes.c_void_p * max(1, len(op.inputs))
         self.strides: dict[tuple, ctypes.Array] = {}  # per operand strides: the C side reads them only
-        self.no_variables = (ctypes.c_double * 1)()
 
     def __call__(self, arrays: Sequence[np.ndarray], variables: dict | None = None) -> np.ndarray:
-        fn = self.fn
-        if fn is None:
-            if self.failed:
-                return self.fallback(arrays, variables)
-            flush()
-            fn = self.fn = cbuild.function(self.src)
-            if fn is None:  # the build failed (warned once): numpy from now on
-                self.failed = True
-                return self.fallback(arrays, variables)
+        fn = self.fn if self.fn is not None else self.get()
+        if fn is None:  # the build failed: numpy
+            return self.fallback(arrays, variables)
         arrays = [self._operand(k, a) for k, a in enumerate(arrays)]
         key = tuple([a.strides for a in arrays])
         strides = self.strides.get(key)
         if strides is None:
             strides = self.strides[key] = self._strides(arrays)
-        names = self.src.variables
-        values = (ctypes.c_double * len(names))(*[_variable(n, variables) for n in names]) if names \
-            else self.no_variables
-        out, at = _empty(self.out_shape, self.acc_dtype)
         pointers = self.pointers(*[a.__array_interface__["data"][0] for a in arrays])
-        fn(pointers, self.sizes, strides, values, ctypes.c_void_p(at))
-        return out
+        return self.call(fn, pointers, self.sizes, strides, variables, self.out_shape, self.acc_dtype)
 
     def _operand(self, k: int, a: np.ndarray) -> np.ndarray:
         return operand(a, self.dtypes[k], self.shapes[k], lambda: f"operand {k} of {self.op.spec}")

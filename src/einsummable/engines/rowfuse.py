@@ -94,7 +94,7 @@ def shared(red_inputs: Sequence, join_inputs: Sequence, k: int) -> tuple:
     return tuple(out)
 
 
-class Fused:
+class Fused(native.Function):
     """The fused task's step: ``shared(R's inputs, J's inputs, k)`` in, J's block out."""
 
     def __init__(self, red: Einsummable, join: Einsummable, k: int, red_inputs: Sequence,
@@ -102,9 +102,8 @@ class Fused:
         src = source(red, join, k)
         assert src is not None, "pairs() fuses only where source() has a function"
         native.register(src)
-        self.red, self.join, self.k, self.src = red, join, k, src
-        self.fn: ctypes._CFuncPtr | None = None
-        self.failed = False
+        super().__init__(src)
+        self.red, self.join, self.k = red, join, k
         names = shared(red_inputs, join_inputs, k)
         # each operand of R, then of J (R's block: -1), as an index into the step's arguments
         self.slots = [names.index(n) for n in red_inputs] + \
@@ -121,18 +120,12 @@ class Fused:
         self.n_strides = len(red.inputs) * red.rank + len(join.inputs) * join.rank
         self.strides: dict[tuple, ctypes.Array] = {}
         self.pointers = ctypes.c_void_p * len(self.slots)
-        self.no_variables = (ctypes.c_double * 1)()
         self.dtype = to_numpy(join.dtype)
 
     def __call__(self, args: list, feeds: dict, variables: dict | None) -> np.ndarray:
-        fn = self.fn
-        if fn is None:
-            if not self.failed:
-                native.flush()
-                fn = self.fn = cbuild.function(self.src)
-                self.failed = fn is None  # the build failed (warned once): the two kernels from now on
-            if fn is None:
-                return self._apart(args, variables)
+        fn = self.fn if self.fn is not None else self.get()
+        if fn is None:  # the build failed: the two kernels
+            return self._apart(args, variables)
         arrays = [a if type(a) is np.ndarray and a.dtype == t and a.shape == shape and a.flags.c_contiguous
                   else native.operand(a, t, shape, what)  # the usual case inline: this runs every call
                   for a, (t, shape, what) in zip(args, self.operands, strict=True)]
@@ -143,14 +136,9 @@ class Fused:
             native.write_strides(strides, 0, [arrays[at] for at in self.red_slots], self.red)
             native.write_strides(strides, len(self.red_slots) * self.red.rank,
                                  [arrays[at] if at >= 0 else None for at in self.join_slots], self.join)
-        names = self.src.variables
-        values = (ctypes.c_double * len(names))(*[native._variable(n, variables) for n in names]) if names \
-            else self.no_variables
-        out, where = native._empty(self.join.out_shape, self.dtype)
         address = [a.__array_interface__["data"][0] for a in arrays]
-        fn(self.pointers(*[address[at] if at >= 0 else 0 for at in self.slots]), self.sizes, strides, values,
-           ctypes.c_void_p(where))
-        return out
+        pointers = self.pointers(*[address[at] if at >= 0 else 0 for at in self.slots])
+        return self.call(fn, pointers, self.sizes, strides, variables, self.join.out_shape, self.dtype)
 
     def _apart(self, args: list, variables: dict | None) -> np.ndarray:
         run_red, run_join = kernels.prepare(self.red), kernels.prepare(self.join)  # only now: not built else
