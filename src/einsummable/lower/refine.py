@@ -145,23 +145,16 @@ class _Grid:
 
     def meeting(self, box: Box) -> list[tuple[Box, int]]:
         """The cells that meet ``box`` (its pieces), in C order: (cell's box, its task)."""
-        ranges, flat = [], 0
-        for (lo, hi), e in zip(box, self.edges, strict=True):
-            a, b = max(bisect_right(e, lo) - 1, 0), min(bisect_left(e, hi), len(e) - 1)
-            ranges.append(range(a, b))
-            flat = flat * (len(e) - 1) + a
-        if all(len(r) == 1 for r in ranges):  # most reads: one cell holds the box
-            return [(self._cell(tuple(r[0] for r in ranges)), self.rs[flat])]
+        ranges = [range(max(bisect_right(e, lo) - 1, 0), min(bisect_left(e, hi), len(e) - 1))
+                  for (lo, hi), e in zip(box, self.edges, strict=True)]
         out = []
         for cell in itertools.product(*ranges):
             flat = 0
             for c, e in zip(cell, self.edges, strict=True):
                 flat = flat * (len(e) - 1) + c
-            out.append((self._cell(cell), self.rs[flat]))
+            have = tuple((e[c], e[c + 1]) for c, e in zip(cell, self.edges, strict=True))
+            out.append((have, self.rs[flat]))
         return out
-
-    def _cell(self, cell: tuple[int, ...]) -> Box:
-        return tuple((e[c], e[c + 1]) for c, e in zip(cell, self.edges, strict=True))
 
 
 class _Refine:
