@@ -155,14 +155,17 @@ class Einsummable:
 
     def flops(self) -> int:
         """Scalar operations over the join space, counting the aggregation."""
-        return math.prod(self.join_shape) * max(1, _join_cost(self.join) + (self.agg is not None))
+        return math.prod(self.join_shape) * self._nodes()
 
     def passes(self, node_cost: float = 1.0) -> float:
         """Elementwise work in passes over the join space: the first node (or the aggregation
         alone) one pass, each further one ``node_cost`` of a pass. numpy runs a ufunc pass per
         node (1.0: ``flops()``); a compiled join runs them all in one loop (less, measured)."""
-        nodes = max(1, _join_cost(self.join) + (self.agg is not None))
-        return math.prod(self.join_shape) * (1 + node_cost * (nodes - 1))
+        return math.prod(self.join_shape) * (1 + node_cost * (self._nodes() - 1))
+
+    def _nodes(self) -> int:
+        """The join's operations per element, the aggregation one of them; at least one."""
+        return max(1, _join_cost(self.join) + (self.agg is not None))
 
     # ------------------------------------------------------------ predicates
 
