@@ -5,6 +5,7 @@ local engine runs them: each op's ``kernels.prepare`` kernel, except that a row 
 read by one elementwise step alone runs with it as one fused step (engines/rowfuse.py:
 softmax backward, softmax's and rmsnorm's last two steps, rmsnorm backward's dx). The
 numpy path is the same ops prepared with ``EINSUMMABLE_KERNELS=numpy``, unfused.
+Each block is fed where the engine would hold it, on a cache line (``_as_block``).
 Medians (and, for a loaded machine, the best) of interleaved rounds.
 
     PYTHONPATH=src python benchmarks/join_kernels.py [--rows 1024] [--repeats 7] [--only causal]
@@ -30,7 +31,7 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from einsummable.engines import cbuild, kernels, local, native, rowfuse
+from einsummable.engines import aligned, cbuild, kernels, local, native, rowfuse
 from einsummable.ir.einsummable import Einsummable
 
 F32 = np.float32
@@ -44,8 +45,8 @@ def patterns(rows: int, ff: int, d: int, keys: int) -> dict:
     """name -> (list of (op, operand names, result name), torch function, inputs)."""
     rng = np.random.default_rng(0)
 
-    def arr(*shape):
-        return rng.standard_normal(shape).astype(F32)
+    def arr(*shape):  # torch's tensors wrap these: on a cache line, as torch allocates its own
+        return _as_block(rng.standard_normal(shape).astype(F32))
 
     n, eps = d, 1e-6
     s, r = (rows, keys), (rows,)
@@ -180,6 +181,7 @@ def main() -> None:
         for name, (steps, torch_fn, feeds) in patterns(args.rows, args.ff, args.d, args.keys).items():
             if args.only not in name:
                 continue
+            feeds = {k: _as_block(v) for k, v in feeds.items()}
             ours = runner(steps, feeds, kernels.prepare, fuse=True)
             native.flush()
             base = runner(steps, feeds, numpy_path)
@@ -194,6 +196,17 @@ def main() -> None:
                       f"  {t['torch'] / t['compiled']:12.2f}x   ({label} of {args.repeats})")
             for j, (r, _) in _row_pairs(steps).items():
                 print(f"{'':<18} compiled: {steps[r][2]} and {steps[j][2]} as one fused step (rowfuse.py)")
+
+
+def _as_block(a: np.ndarray) -> np.ndarray:
+    """``a`` where the engine keeps such a block: a GEMM's or a compiled join's output starts on
+    a cache line (engines/aligned.py); numpy's arrays start 16 bytes into one. The numpy path
+    and the compiled kernels read the same copies."""
+    if a.ndim == 0:
+        return a
+    out, _ = aligned.empty(a.shape, a.dtype)
+    out[...] = a
+    return out
 
 
 def rounds(fns: dict, repeats: int) -> dict[str, list[float]]:

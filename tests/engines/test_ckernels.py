@@ -382,3 +382,30 @@ def test_lane_reductions_at_the_lane_boundaries_with_special_values(dtype, agg):
             want = _oracle(op, [x], None)
         _check(op, [x], None, got, want)
         assert (np.isnan(got.astype(np.float64)) == np.isnan(want.astype(np.float64))).all(), op.spec
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64", "bf16"])
+def test_a_whole_block_join_loops_flat_when_contiguous_and_by_rows_when_not(dtype):
+    """An elementwise join whose operands are the whole block (or a scalar) runs one flat loop
+    when each operand is C-contiguous, and the row loops otherwise (a slice of a wider block,
+    a transposed copy, a size-1 dim whose stride is anything): bit-equal to numpy either way."""
+    shape = (3, 5, 40)
+    op = Einsummable(shape, ((0, 1, 2), (0, 1, 2), ()), 3, call("where", call("gt", Input(0), Input(2)),
+                     call("mul", Input(0), Input(1)), call("sub", Input(1), Input(2))), None, (dtype,) * 3)
+    assert "n_all" in native.kernel(op, None).src.text  # the flat loop is there (cached source)
+    rng = np.random.default_rng(0)
+    dt = to_numpy(dtype)
+    a, b = (_values(rng, shape, "f64", True).astype(dt) for _ in range(2))
+    s = np.array(0.5, dtype=dt)
+    wide = np.zeros((3, 5, 80), dtype=dt)
+    wide[..., :40] = b
+    flipped = np.ascontiguousarray(a.transpose(2, 1, 0)).transpose(2, 1, 0)
+    odd = np.lib.stride_tricks.as_strided(a[:1], (1, 5, 40), (7, *a.strides[1:]))  # size-1 dim, stride 7
+    kernel = native.kernel(op, None)
+    for x, y in [(a, b), (a, wide[..., :40]), (flipped, b), (flipped, wide[..., :40])]:
+        with np.errstate(all="ignore"):
+            _check(op, [x, y, s], {}, kernel([x, y, s], {}), _oracle(op, [x, y, s], {}))
+    small = Einsummable((1, 5, 40), op.inputs, 3, op.join, None, op.dtypes)
+    with np.errstate(all="ignore"):
+        _check(small, [odd, b[:1], s], {}, native.kernel(small, None)([odd, b[:1], s], {}),
+               _oracle(small, [odd, b[:1], s], {}))

@@ -65,6 +65,19 @@ def test_contractions_in_any_layout_match_numpy(seed):
     np.testing.assert_allclose(_run(spec, xs, agg=agg), np.einsum(spec, *xs), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("spec", ["ik,kj->ij", "bik,bkj->bij", "ik,kj->ji", "ik,bkj->jbi"])
+def test_a_large_gemm_block_starts_on_a_cache_line(spec):
+    """A GEMM's output (transposed or not) is the block the next join streams over: on a
+    64-byte line, each vector load reads one line, not two (engines/aligned.py)."""
+    rng = np.random.default_rng(0)
+    sizes = {"b": 3, "i": 260, "j": 130, "k": 40}  # outputs >= aligned.ALIGN_FROM
+    terms = spec.split("->")[0].split(",")
+    a, b = (rng.standard_normal([sizes[c] for c in t], dtype=np.float32) for t in terms)
+    got = _run(spec, [a, b], agg="add")
+    assert got.ctypes.data % 64 == 0 and got.flags.c_contiguous
+    np.testing.assert_allclose(got, np.einsum(spec, a, b), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("agg", ["add", "max"])
 def test_a_reduction_over_leading_memory_axes_matches_numpy(agg):
     """RMSNorm's weight gradient: [b, s, d] summed over b and s, walked in memory order."""

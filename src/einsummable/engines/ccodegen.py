@@ -276,6 +276,12 @@ def _loops(op: Einsummable, order: tuple[int, ...], em: _Emitter, value: str, ac
         lines.append(f"for (int64_t i = 0; i < {stride}; i++) y[i] = ({acc_t}){IDENTITY[op.agg]};")
     offsets = {k: "0" for k in range(len(op.inputs))} | {"y": "0"}
     operands = range(len(op.inputs))
+    contiguous = _contiguous(op)
+    if contiguous:  # one loop over the whole block, not a loop per row (~5% on silu(x) * y)
+        total = " * ".join(f"n[{d}]" for d in range(rank))
+        lines += [f"if ({contiguous}) {{", f"  const int64_t n_all = {total};",
+                  *_inner(op, em, value, rank - 1, dict(offsets), True, acc_t, "  ", n="n_all"),
+                  "  return;", "}"]
     depth = 0
     for d in order[:-1] if rank else ():
         lines += _loop(op, d, operands, offsets, "  " * depth)
@@ -317,8 +323,20 @@ def _streamed(op, em, value, d, operands, offsets, acc_t, pad) -> list[str]:
             f"{pad}}}"]
 
 
-def _inner(op, em, value, inner, offsets, unit, acc_t, pad) -> list[str]:
-    n = f"n[{inner}]"
+def _contiguous(op: Einsummable) -> str | None:
+    """For an elementwise join whose operands are each the whole join or a scalar: the run-time
+    test that every whole operand is C-contiguous, so the block is one flat loop."""
+    full = tuple(range(op.rank))
+    if op.agg or op.rank < 2 or op.out_rank != op.rank or any(idx not in (full, ()) for idx in op.inputs):
+        return None
+    tests = [f"s{k}_{op.rank - 1} == 1" for k, idx in enumerate(op.inputs) if idx]
+    tests += [f"s{k}_{d} == n[{d + 1}] * s{k}_{d + 1}" for k, idx in enumerate(op.inputs) if idx
+              for d in range(op.rank - 1)]
+    return " && ".join(tests) or "1"
+
+
+def _inner(op, em, value, inner, offsets, unit, acc_t, pad, n: str | None = None) -> list[str]:
+    n = n or f"n[{inner}]"
     reducing = op.agg is not None and inner >= op.out_rank
     lines = _body(op, em, value, inner, offsets, unit, acc_t, pad, invariant=True)
     body = _body(op, em, value, inner, offsets, unit, acc_t, pad + "  ", invariant=False)

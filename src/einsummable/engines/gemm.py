@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from einsummable.engines import aligned
 from einsummable.ir.einsummable import Einsummable
 
 Kernel = Callable[[Sequence[np.ndarray], dict | None], np.ndarray]
@@ -58,10 +59,15 @@ def contraction(op: Einsummable) -> Kernel:
             b = b.sum(axis=lone_b)
         if swap:
             a, b = b, a
-        c = np.matmul(as_a(a), as_b(b)).reshape(grid)
-        if transpose:
-            c = np.ascontiguousarray(c.transpose(perm))  # elementwise kernels downstream read it row-major
-        return c.reshape(shape)
+        a, b = as_a(a), as_b(b)
+        if transpose:  # elementwise kernels downstream read it row-major
+            c = np.matmul(a, b).reshape(grid).transpose(perm)
+            out, _ = aligned.empty(c.shape, c.dtype)
+            np.copyto(out, c)
+            return out.reshape(shape)
+        rows = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
+        out, _ = aligned.empty(rows, np.result_type(a, b))
+        return np.matmul(a, b, out=out).reshape(shape)
 
     return body
 
