@@ -155,3 +155,19 @@ def test_row_reductions_and_row_wise_dots_take_the_compiled_kernel(monkeypatch):
     np.testing.assert_array_equal(got[0], y.max(1))
     np.testing.assert_allclose(got[1], y.sum(1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got[2], (y * dy).sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_blocks_address_is_numpys_for_every_kind_of_array():
+    """``aligned.address`` (cffi's buffer view, or numpy's dict where there is no simple buffer)
+    names the first element numpy names: views, slices, reversed, transposed, read-only,
+    broadcast, empty, 0-d, bool and bf16 blocks."""
+    import ml_dtypes
+
+    from einsummable.engines import aligned
+
+    w = np.arange(24, dtype=np.float32).reshape(4, 6)
+    arrays = [np.array(3.0, np.float32), np.zeros((0, 3), np.float32), np.broadcast_to(w, (2, 4, 6)),
+              w[1:3], w[:, ::2], w[::-1], w.T, w.astype(ml_dtypes.bfloat16), w > 3,
+              np.frombuffer(w.tobytes(), np.float32), aligned.empty((128, 256), np.dtype(np.float32))[0]]
+    for a in arrays:
+        assert aligned.address(a) == a.__array_interface__["data"][0]

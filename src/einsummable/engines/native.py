@@ -102,12 +102,14 @@ class _Compiled(Function):
         fn = self.fn if self.fn is not None else self.get()
         if fn is None:  # the build failed: numpy
             return self.fallback(arrays, variables)
-        arrays = [self._operand(k, a) for k, a in enumerate(arrays)]
+        arrays = [a if type(a) is np.ndarray and a.dtype == t and a.shape == shape and a.flags.c_contiguous
+                  else self._operand(k, a)  # the usual case inline: this runs on every call
+                  for k, (a, t, shape) in enumerate(zip(arrays, self.dtypes, self.shapes, strict=True))]
         key = tuple([a.strides for a in arrays])
         strides = self.strides.get(key)
         if strides is None:
             strides = self.strides[key] = self._strides(arrays)
-        pointers = self.pointers(*[a.__array_interface__["data"][0] for a in arrays])
+        pointers = self.pointers(*[aligned.address(a) for a in arrays])
         return self.call(fn, pointers, self.sizes, strides, variables, self.out_shape, self.acc_dtype)
 
     def _operand(self, k: int, a: np.ndarray) -> np.ndarray:

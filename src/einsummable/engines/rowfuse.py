@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from einsummable.engines import cbuild, crows, epilogue, kernels, native
+from einsummable.engines import aligned, cbuild, crows, epilogue, kernels, native
 from einsummable.engines.reference_kernel import kept_wide
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
@@ -136,7 +136,7 @@ class Fused(native.Function):
             native.write_strides(strides, 0, [arrays[at] for at in self.red_slots], self.red)
             native.write_strides(strides, len(self.red_slots) * self.red.rank,
                                  [arrays[at] if at >= 0 else None for at in self.join_slots], self.join)
-        address = [a.__array_interface__["data"][0] for a in arrays]
+        address = [aligned.address(a) for a in arrays]
         pointers = self.pointers(*[address[at] if at >= 0 else 0 for at in self.slots])
         return self.call(fn, pointers, self.sizes, strides, variables, self.join.out_shape, self.dtype)
 
