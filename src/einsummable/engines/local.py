@@ -128,8 +128,13 @@ def _partial(task: PartialTask):
         def accumulate(args, feeds, variables):
             if not rest:
                 return args[k0][src0]
-            out = np.array(args[k0][src0], dtype=dtype, copy=True)
-            for k, src, _, _ in rest:
+            first, (k1, src1, _, _) = args[k0][src0], rest[0]
+            second, more = args[k1][src1], rest[1:]
+            if first.dtype == dtype and second.dtype == dtype:  # the first two meet in the new block:
+                out = reduce(first, second, out=np.empty(first.shape, dtype))  # no copy pass before
+            else:
+                out, more = np.array(first, dtype=dtype, copy=True), rest
+            for k, src, _, _ in more:
                 reduce(out, args[k][src], out=out)  # partial sums meet in place
             return out
 
