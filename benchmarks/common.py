@@ -28,7 +28,9 @@ def compare(fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int 
     ``settle``: seconds to wait before each timed call, so that a peer's threads still
     spinning after it returned (a multi-threaded BLAS call's: ``SETTLE``) do not run
     during the next peer's timing. On 2 cores the Llama step right after the GEMM peer
-    took a median 36 ms (2.4%) longer than after a pause (6 paired rounds, each longer).
+    took a median 36 ms (2.4%) longer than after a pause (6 paired rounds, each longer),
+    and the GEMM peer right after torch's step (its MKL/OpenMP threads) ran at 210 GF/s
+    against 225 after a pause (8 rounds each): without it the GEMM-peak bound was ~7% low.
     """
     for fn in fns.values():
         for _ in range(warmup):
