@@ -18,14 +18,27 @@ def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> 
     return compare({"fn": fn}, repeats, warmup)["fn"]
 
 
-def compare(fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1) -> dict[str, float]:
-    """Median seconds per peer, measured round-robin."""
+SETTLE = 0.25  # seconds: OpenBLAS's idle threads spin 2^28 cycles (measured: 0.105 s of CPU) after a call
+
+
+def compare(fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1,
+            settle: float = 0.0) -> dict[str, float]:
+    """Median seconds per peer, measured round-robin.
+
+    ``settle``: seconds to wait before each timed call, so that a peer's threads still
+    spinning after it returned (a multi-threaded BLAS call's: ``SETTLE``) do not run
+    during the next peer's timing. On 2 cores the Llama step right after the GEMM peer
+    took a median 36 ms (2.4%) longer than after a pause (6 paired rounds, each longer),
+    and the GEMM peer right after torch's step (its MKL/OpenMP threads) ran at 210 GF/s
+    against 225 after a pause (8 rounds each): without it the GEMM-peak bound was ~7% low.
+    """
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
+            time.sleep(settle)
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)

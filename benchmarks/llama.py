@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from common import add_llama_arguments, compare, gemm_peer, report, report_bound
+from common import SETTLE, add_llama_arguments, compare, gemm_peer, report, report_bound
 from einsummable.compile import Program
 from einsummable.engines.blocks import Blocks
 from einsummable.models.llama.generate import Generator
@@ -147,7 +147,7 @@ def training(model, cfg, params, args) -> str:
         torch_losses.append(loss.item())
 
     times = compare({"einsummable": trainer.train_step, "torch eager + AdamW": torch_step,
-                     "GEMM": gemm_peer(args.workers)}, args.steps)
+                     "GEMM": gemm_peer(args.workers)}, args.steps, settle=SETTLE)
     gemm = times.pop("GEMM")
     print(f"\nlosses  einsummable {np.round(trainer.losses, 5).tolist()}\n"
           f"        torch       {np.round(torch_losses, 5).tolist()}")

@@ -1,7 +1,13 @@
 """The local engine against the reference on random graphs, partitions and worker counts."""
 
+import os
+import platform
 import random
+import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,3 +118,36 @@ def test_progress_stays_quiet_off_a_terminal(monkeypatch, capsys):
     monkeypatch.setattr(local, "SHOW_PROGRESS_AFTER", 0.0)
     prog.run(feeds)
     assert capsys.readouterr().err == ""
+
+
+_ONE_ARENA = """
+import ctypes, threading
+import numpy as np
+import einsummable as es
+
+t = threading.Thread(target=lambda: np.ones(1 << 18).sum())  # a thread that mallocs, then ends
+t.start()
+t.join()
+g = es.Graph()
+x, w = g.input("x", (256, 256)), g.input("w", (256, 512))
+g.output("y", es.nn.relu(x @ w))
+prog = es.compile(g, workers=2)
+feeds = {"x": np.ones((256, 256), np.float32), "w": np.ones((256, 512), np.float32)}
+for _ in range(3):
+    prog.run(feeds)
+ctypes.CDLL("libc.so.6").malloc_stats()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+                    reason="glibc's malloc arenas")
+def test_workers_allocate_from_one_heap_whatever_threads_ran_before():
+    # A dead thread's arena is handed to the next new thread whatever M_ARENA_MAX says: set
+    # only at the first run, the workers kept their own heaps, grown and trimmed run after
+    # run (a Llama step page-faulted ~10-60k times a step, its first steps). glibc's own
+    # report (malloc_stats, on stderr) counts the arenas.
+    src = str(Path(es.__file__).resolve().parents[1])
+    env = os.environ | {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", _ONE_ARENA], capture_output=True, text=True, env=env,
+                          timeout=120, check=True)
+    assert re.findall(r"^Arena \d+:", done.stderr, re.M) == ["Arena 0:"]

@@ -304,9 +304,21 @@ def _gather(op: Einsummable, arrays: Sequence[np.ndarray], a: int, b: int, c: in
     fixed_out = [i for i in range(op.out_rank) if i in coords]
     if fixed_out:
         target = np.zeros([op.join_shape[i] for i in fixed_out + free], dtype=acc or gathered.dtype)
-        np.add.at(target, tuple(coords[i] for i in fixed_out), gathered)
+        places = tuple(coords[i] for i in fixed_out)
+        if _distinct(places, target.shape[: len(fixed_out)]):
+            target[places] = gathered  # a lookup: each place written once (x, where 0 + x gave +0 for -0)
+        else:
+            np.add.at(target, places, gathered)  # a scatter-add: repeated places sum in order
     else:
         target = gathered.sum(axis=0, dtype=acc)
     present = fixed_out + free
     target = target.transpose([present.index(i) for i in sorted(present)])
     return target.reshape([op.join_shape[i] if i in present else 1 for i in range(op.out_rank)])
+
+
+def _distinct(places: tuple[np.ndarray, ...], shape: tuple[int, ...]) -> bool:
+    """Whether no two of the coordinates ``places`` (one array per dim of ``shape``) are the
+    same place. An embedding lookup's are: np.add.at, which holds the GIL, took 3.5 ms of a
+    Llama step's 1024 x 512 lookup where assigning takes 0.2."""
+    flat = np.ravel_multi_index(places, shape)
+    return len(np.unique(flat)) == len(flat)

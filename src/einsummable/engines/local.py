@@ -52,7 +52,6 @@ def _blas() -> ThreadpoolController:
     global _BLAS
     if _BLAS is None:
         _BLAS = ThreadpoolController()
-        _keep_freed_memory()
     return _BLAS
 
 
@@ -62,6 +61,13 @@ def _keep_freed_memory() -> None:
     Blocks of a few MB are freed and reallocated thousands of times a run; returned
     to the OS, each reuse page-faults afresh (measured: ~45k faults and ~0.25 s of
     system time per Llama training step). Elsewhere than glibc this does nothing.
+
+    Called when this module loads (``import einsummable``), before any thread of ours
+    mallocs: glibc gives a thread that has no arena one from its list of dead threads'
+    arenas whatever M_ARENA_MAX says, so set at the first run (after the compiler's
+    build threads) it left the workers on their own arenas, whose heaps grew and shrank
+    step after step (Llama training step: ~10-60k page faults a step for its first 5
+    steps, 3 arenas; now ~0 from the third step, 1 arena).
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -70,6 +76,9 @@ def _keep_freed_memory() -> None:
         libc.mallopt(-8, 1)         # M_ARENA_MAX: one heap; a worker's own arena is trimmed regardless
     except (OSError, AttributeError):
         pass
+
+
+_keep_freed_memory()
 
 
 def _cores() -> int:
@@ -119,8 +128,13 @@ def _partial(task: PartialTask):
         def accumulate(args, feeds, variables):
             if not rest:
                 return args[k0][src0]
-            out = np.array(args[k0][src0], dtype=dtype, copy=True)
-            for k, src, _, _ in rest:
+            first, (k1, src1, _, _) = args[k0][src0], rest[0]
+            second, more = args[k1][src1], rest[1:]
+            if first.dtype == dtype and second.dtype == dtype:  # the first two meet in the new block:
+                out = reduce(first, second, out=np.empty(first.shape, dtype))  # no copy pass before
+            else:
+                out, more = np.array(first, dtype=dtype, copy=True), rest
+            for k, src, _, _ in more:
                 reduce(out, args[k][src], out=out)  # partial sums meet in place
             return out
 
