@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 import einsummable as es
-from common import compare, gemm_peer, report, report_bound
+from common import SETTLE, compare, gemm_peer, report, report_bound
 
 LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 
@@ -114,7 +114,7 @@ def main() -> None:
         peers["torch eager"] = torch_step
     except ImportError:
         pass
-    times = compare(peers | {"GEMM": gemm_peer(args.workers)}, args.repeats)
+    times = compare(peers | {"GEMM": gemm_peer(args.workers)}, args.repeats, settle=SETTLE)
     gemm = times.pop("GEMM")
     title = f"(d) MLP step, batch {args.batch}, widths {widths}"
     report(f"{title} (engine {prog.engine}, workers {args.workers})", times)
