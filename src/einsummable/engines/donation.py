@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from einsummable.engines.blocks import Blocks
-from einsummable.engines.reference_kernel import align, compiled
+from einsummable.engines.reference_kernel import align, alignment, compiled
 from einsummable.ir.box import intersect
 from einsummable.ir.dtypes import HALF, to_numpy
 from einsummable.ir.einsummable import Einsummable
-from einsummable.ir.expr import Cast, Expr, Input, inputs_used, substitute
+from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, inputs_used, substitute
+from einsummable.ir.scalar import _variable
 from einsummable.ir.scalar_ops import is_call
 from einsummable.lower.taskgraph import ApplyTask, InputTask, TaskGraph
 
@@ -124,30 +125,64 @@ def in_place(op: Einsummable, donor: Donor, plain: Step) -> Step:
     a block that is not the engine's own whole array, the ``plain`` step."""
     cond, value = _part(op, donor.cond), _part(op, donor.value)
     shape, dtype = op.out_shape, to_numpy(op.dtype)
+    # the axes along which cond varies: those its operands index (a cache's slots)
+    spans = tuple(sorted({i for k in inputs_used(donor.cond) for i in op.inputs[k] if op.join_shape[i] > 1}))
 
     def run(args, feeds, variables):
         block = args[donor.slot]
         if not _owned(block, shape, dtype):
             return plain(args, feeds, variables)
-        _store(block, cond(args, variables), value(args, variables))
+        _store(block, cond(args, variables), value(args, variables), spans)
         return block
 
     return run
 
 
+_COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+            "ge": np.greater_equal}
+
+
 def _part(op: Einsummable, e: Expr) -> Callable[[list, dict], np.ndarray]:
     """``e`` over the operands it reads, aligned to the join's axes (size 1 where they lack one):
-    the result spans only the axes those operands index."""
+    the result spans only the axes those operands index. An operand alone (the store casts it
+    as the join's final cast would) and a comparison of operands, variables and constants run
+    without the interpreter, whose call would cost more than a cache slot's store."""
+    def leaf(a: Expr) -> Callable[[list, dict], object] | None:
+        if isinstance(a, Input) and op.dtypes[a.index] not in HALF:  # (the interpreter widens a half)
+            return _aligned(op, a.index)
+        if isinstance(a, Var):
+            return lambda args, variables: _variable(a.name, variables)
+        if isinstance(a, Const):
+            return lambda args, variables: a.value
+        return None
+
+    bare = e.arg if isinstance(e, Cast) and e.dtype == op.dtype else e
+    if isinstance(bare, Input):
+        return _aligned(op, bare.index)
+    if isinstance(e, Call) and e.op in _COMPARE and None not in (sides := [leaf(a) for a in e.args]):
+        compare, (x, y) = _COMPARE[e.op], sides
+        return lambda args, variables: _full_rank(compare(x(args, variables), y(args, variables)), op.rank)
     used = sorted(inputs_used(e))
     fn = compiled(substitute(e, {k: Input(n) for n, k in enumerate(used)}), tuple(op.dtypes[k] for k in used))
-    rank = op.rank
 
     def run(args, variables):
         views = (align(args[k], op.inputs[k], op.join_shape) for k in used)
-        out = np.asarray(fn(*views, variables=variables))
-        return out.reshape((1,) * (rank - out.ndim) + out.shape)
+        return _full_rank(fn(*views, variables=variables), op.rank)
 
     return run
+
+
+def _aligned(op: Einsummable, k: int) -> Callable[[list, dict], np.ndarray]:
+    """Operand ``k`` viewed with its axes in join order, size 1 where it lacks one."""
+    axes, shape = alignment(op.inputs[k], op.join_shape)
+    if axes == sorted(axes):
+        return lambda args, variables: args[k].reshape(shape)
+    return lambda args, variables: args[k].transpose(axes).reshape(shape)
+
+
+def _full_rank(a: object, rank: int) -> np.ndarray:
+    a = np.asarray(a)
+    return a if a.ndim == rank else a.reshape((1,) * (rank - a.ndim) + a.shape)
 
 
 def _owned(block: object, shape: tuple[int, ...], dtype: np.dtype) -> bool:
@@ -156,17 +191,25 @@ def _owned(block: object, shape: tuple[int, ...], dtype: np.dtype) -> bool:
             and block.flags.writeable and block.shape == shape and block.dtype == dtype)
 
 
-def _store(block: np.ndarray, cond: np.ndarray, value: np.ndarray) -> None:
-    """``block[cond] = value``, ``cond`` and ``value`` broadcast over it: one slab per place
-    ``cond`` holds along the axes it spans (a cache's one slot), else one masked store."""
-    hits = np.argwhere(cond)
+def _store(block: np.ndarray, cond: np.ndarray, value: np.ndarray, spans: tuple[int, ...]) -> None:
+    """``block[cond] = value``, ``cond`` and ``value`` broadcast over it (``cond`` varying along
+    ``spans`` alone): one slab per place ``cond`` holds, else, past MAX_SLABS, one masked store."""
+    if len(spans) == 1:  # the places are indices along one axis: no coordinate tuples to build
+        (a,) = spans
+        hits = np.flatnonzero(cond)
+        if len(hits) <= MAX_SLABS:
+            lead, one = (slice(None),) * a, value.shape[a] == 1
+            for h in hits.tolist():
+                block[(*lead, h)] = value[(*lead, 0 if one else h)]
+            return
+    else:
+        hits = np.argwhere(cond)
     if len(hits) > MAX_SLABS:
         np.copyto(block, np.broadcast_to(value, block.shape),
                   where=np.broadcast_to(cond, block.shape), casting="unsafe")
         return
-    spans = [n > 1 for n in cond.shape]
     for hit in hits:
-        at = tuple(int(h) if s else slice(None) for h, s in zip(hit, spans, strict=True))
-        of = tuple(slice(None) if not s else int(h) if n > 1 else 0
-                   for h, s, n in zip(hit, spans, value.shape, strict=True))
+        at = tuple(int(h) if a in spans else slice(None) for a, h in enumerate(hit))
+        of = tuple(slice(None) if a not in spans else int(h) if n > 1 else 0
+                   for a, (h, n) in enumerate(zip(hit, value.shape, strict=True)))
         block[at] = value[of]
