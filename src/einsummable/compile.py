@@ -205,7 +205,7 @@ class Session:
             raise FeedError(f"cannot fetch {unknown}; the outputs are {sorted(outputs)}")
         arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(resident),
                                         variables=self.program.variables)
-        given = {name: GivenUp(resident[name]) for name in _replaced(state, resident, carry)}
+        given = _given_up(self.program, state, resident, carry)
         result = self.program.execute(arrays | resident | given, variables, carry)
         for name in carry:
             state[name] = result[name]
@@ -237,18 +237,21 @@ def _check_resident(name: str, value: object, node: InputNode) -> None:
                         f"input {name!r} is {node.dtype}{list(node.shape)}")
 
 
-def _replaced(state: Mapping[str, object], resident: Mapping[str, object],
-              carry: frozenset[str]) -> list[str]:
-    """The resident inputs this run replaces whose blocks no other resident tensor shares (as
-    the same array or a view of it): dead once read, so a kernel may write into them
-    (engines/donation.py). Nothing outside holds them: ``put`` copies in, ``state`` and
-    fetches copy out."""
+def _given_up(program: Program, state: Mapping[str, object], resident: Mapping[str, object],
+              carry: frozenset[str]) -> dict[str, GivenUp]:
+    """The resident inputs of a local run that it replaces and whose blocks no other resident
+    tensor shares (as the same array or a view of it): dead once read, so a kernel may write
+    into them (engines/donation.py). Nothing outside holds them: ``put`` copies in, ``state``
+    and fetches copy out. Other engines keep their blocks as they are."""
+    if not isinstance(program.executor, local.LocalProgram):
+        return {}
     holders: dict[int, set[str]] = {}
     for name, value in state.items():
         for array in value.blocks.values() if isinstance(value, Blocks) else (value,):
             holders.setdefault(_root(array), set()).add(name)
-    return [name for name, value in resident.items() if name in carry and isinstance(value, Blocks)
-            and all(holders[_root(a)] == {name} for a in value.blocks.values())]
+    return {name: GivenUp(value) for name, value in resident.items()
+            if name in carry and type(value) is Blocks
+            and all(holders[_root(a)] == {name} for a in value.blocks.values())}
 
 
 def _root(array: object) -> int:
@@ -273,7 +276,7 @@ class _Whole:
         self._run = run
 
     def run(self, feeds, variables=None, carry=frozenset()) -> dict[str, np.ndarray]:
-        return self._run({k: _as_array(v) if isinstance(v, Blocks) else v for k, v in feeds.items()},
+        return self._run({k: v.array() if isinstance(v, Blocks) else v for k, v in feeds.items()},
                          variables or {})
 
 
