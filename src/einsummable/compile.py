@@ -239,19 +239,22 @@ def _check_resident(name: str, value: object, node: InputNode) -> None:
 
 def _given_up(program: Program, state: Mapping[str, object], resident: Mapping[str, object],
               carry: frozenset[str]) -> dict[str, GivenUp]:
-    """The resident inputs of a local run that it replaces and whose blocks no other resident
-    tensor shares (as the same array or a view of it): dead once read, so a kernel may write
-    into them (engines/donation.py). Nothing outside holds them: ``put`` copies in, ``state``
-    and fetches copy out. Other engines keep their blocks as they are."""
+    """The resident inputs of a local run that it replaces, that a kernel of it would write
+    into (engines/donation.py), and whose blocks no other resident tensor shares (as the same
+    array or a view of it): dead once read. Nothing outside holds them: ``put`` copies in,
+    ``state`` and fetches copy out. Other engines keep their blocks as they are."""
     if not isinstance(program.executor, local.LocalProgram):
+        return {}
+    wanted = {name for name, _ in program.executor.donors.values()
+              if name in carry and type(resident.get(name)) is Blocks}
+    if not wanted:
         return {}
     holders: dict[int, set[str]] = {}
     for name, value in state.items():
         for array in value.blocks.values() if isinstance(value, Blocks) else (value,):
             holders.setdefault(_root(array), set()).add(name)
-    return {name: GivenUp(value) for name, value in resident.items()
-            if name in carry and type(value) is Blocks
-            and all(holders[_root(a)] == {name} for a in value.blocks.values())}
+    return {name: GivenUp(resident[name]) for name in wanted
+            if all(holders[_root(a)] == {name} for a in resident[name].blocks.values())}
 
 
 def _root(array: object) -> int:
