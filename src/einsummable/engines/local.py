@@ -95,7 +95,16 @@ def _input(task: InputTask):
     return run
 
 
+SMALL_FILL = 1 << 16  # elements: a fill block up to this size is made once and served read-only
+
+
 def _constant(task: ConstantTask):
+    """A small block (a decode step's ramps and masks) is made once, not each run (~10 us a ramp);
+    read-only, as kernels that write into a block they read check (epilogue.py, donation.py)."""
+    if math.prod(task.shape) <= SMALL_FILL:
+        block = reference_kernel.fill(task.kind, task.dtype, task.box)
+        block.flags.writeable = False
+        return lambda args, feeds, variables: block
     return lambda args, feeds, variables: reference_kernel.fill(task.kind, task.dtype, task.box)
 
 
