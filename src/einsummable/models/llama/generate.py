@@ -8,7 +8,10 @@ Resident (the default): the two programs share one session (``Program.session``)
 so the weights and the cache stay on the workers. The prefill keeps its keys and
 values as the cache, padded to its full length; each decode step writes its own
 into the cache at column ``t`` (a run-time variable), ``where(slot == t, new, cache)``,
-and builds its attention mask from ``t`` and the positions in the graph. A step
+attends over the cache so updated (no copy of it into a longer one), and builds its
+attention mask from ``t`` and the positions in the graph. The session gives the old
+cache up to the step that replaces it, so the local engine stores the one slot into it
+in place (engines/donation.py) rather than writing a whole new cache. A step
 feeds the new ids and positions only (12 bytes a sequence) and fetches the sampled
 ids (greedy, an argmax in the graph) or the logits. Both programs output the
 weights unchanged, so each keeps them in its own partition: they move once, when
