@@ -14,6 +14,7 @@ from einsummable.engines import local, reference, sequential
 from einsummable.engines import simulate as simulator
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks
+from einsummable.engines.donation import GivenUp
 from einsummable.engines.feeds import check_feeds, check_inputs
 from einsummable.engines.interop import convert
 from einsummable.errors import EinsummableError, FeedError, PlanError
@@ -151,7 +152,10 @@ class Session:
     ``prog2.session(sess)`` binds a second program to the same resident state: its
     inputs named like resident tensors read them where they lie. Runs are serialised
     across all the sessions of one state: a run reads the resident state and replaces
-    it, so two threads sharing it each see the other's updates (none is lost).
+    it, so two threads sharing it each see the other's updates (none is lost). The blocks of
+    a resident input that a run replaces are given up to it: the local engine may update
+    them in place (engines/donation.py), so a run that fails part-way may leave such a
+    tensor part-updated.
     """
 
     def __init__(self, program: Program, state: Mapping[str, np.ndarray] | Session,
@@ -201,7 +205,8 @@ class Session:
             raise FeedError(f"cannot fetch {unknown}; the outputs are {sorted(outputs)}")
         arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(resident),
                                         variables=self.program.variables)
-        result = self.program.execute(arrays | resident, variables, carry)
+        given = _given_up(self.program, state, resident, carry)
+        result = self.program.execute(arrays | resident | given, variables, carry)
         for name in carry:
             state[name] = result[name]
         return {n: _as_array(result[n]) for n in wanted}
@@ -232,8 +237,39 @@ def _check_resident(name: str, value: object, node: InputNode) -> None:
                         f"input {name!r} is {node.dtype}{list(node.shape)}")
 
 
+def _given_up(program: Program, state: Mapping[str, object], resident: Mapping[str, object],
+              carry: frozenset[str]) -> dict[str, GivenUp]:
+    """The resident inputs of a local run that it replaces, that a kernel of it would write
+    into (engines/donation.py), and whose blocks no other resident tensor shares (as the same
+    array or a view of it): dead once read. Nothing outside holds them: ``put`` copies in,
+    ``state`` and fetches copy out. Other engines keep their blocks as they are."""
+    if not isinstance(program.executor, local.LocalProgram):
+        return {}
+    wanted = {name for name, _ in program.executor.donors.values()
+              if name in carry and type(resident.get(name)) is Blocks}
+    if not wanted:
+        return {}
+    holders: dict[int, set[str]] = {}
+    for name, value in state.items():
+        for array in value.blocks.values() if isinstance(value, Blocks) else (value,):
+            holders.setdefault(_root(array), set()).add(name)
+    return {name: GivenUp(resident[name]) for name in wanted
+            if all(holders[_root(a)] == {name} for a in resident[name].blocks.values())}
+
+
+def _root(array: object) -> int:
+    """The identity of the array that owns ``array``'s memory (``array`` itself unless a view)."""
+    while isinstance(array, np.ndarray) and array.base is not None:
+        array = array.base
+    return id(array)
+
+
 def _as_array(value: object) -> np.ndarray:
-    return value.array() if isinstance(value, Blocks) else np.array(value, copy=True)
+    """A fresh array: never a resident block itself, which a later run may write into."""
+    if isinstance(value, Blocks):
+        array = value.array()
+        return array.copy() if any(np.may_share_memory(array, b) for b in value.blocks.values()) else array
+    return np.array(value, copy=True)
 
 
 class _Whole:
@@ -243,7 +279,7 @@ class _Whole:
         self._run = run
 
     def run(self, feeds, variables=None, carry=frozenset()) -> dict[str, np.ndarray]:
-        return self._run({k: _as_array(v) if isinstance(v, Blocks) else v for k, v in feeds.items()},
+        return self._run({k: v.array() if isinstance(v, Blocks) else v for k, v in feeds.items()},
                          variables or {})
 
 

@@ -102,6 +102,32 @@ def test_a_decode_step_feeds_only_ids_and_positions(tmp_path, monkeypatch, where
     assert len(before) == 5 and all(sum(fed.values()) > weight_bytes for fed, _ in before)
 
 
+def test_a_decode_step_writes_its_slot_into_the_cache_where_it_lies(tmp_path, monkeypatch):
+    """The resident decode attends over its fixed-length cache, written at slot t in place: no
+    node spans length + 1 keys (the cache copied into a longer one), and each step's cache
+    block is the one the step before left, updated. The tokens are the driver-fed path's
+    (which appends its keys to the cache) and transformers'."""
+    model, cfg, params = hf_llama(tmp_path)
+    gen = Generator(cfg, params, workers=1)
+    steps = []
+    execute = Program.execute
+
+    def spy(prog, arrays, variables, carry=frozenset()):
+        result = execute(prog, arrays, variables, carry)
+        if "t" in variables:
+            steps.append([list(v.blocks.values()) for v in (arrays["cache_v1"], result["cache_v1"])])
+        return result
+
+    monkeypatch.setattr(Program, "execute", spy)
+    got = gen.generate(PROMPTS, 6)
+    assert got == Generator(cfg, params, workers=1, resident=False).generate(PROMPTS, 6)
+    assert got == transformers_greedy(model, PROMPTS, 6)
+    assert len(steps) == 5 and all(len(a) == len(b) == 1 and a[0] is b[0] for a, b in steps)
+    (decode,) = [prog for key, prog in gen._programs.items() if key[0] == "decode"]
+    length = decode.graph.nodes[decode.graph.outputs["cache_k0"]].shape[1]
+    assert all(len(n.shape) < 2 or n.shape[1] != length + 1 for n in decode.graph.nodes)
+
+
 def test_programs_whose_plan_cuts_nothing_run_on_one_worker(tmp_path):
     _, cfg, params = hf_llama(tmp_path)
     want = Generator(cfg, params, engine="reference").generate(PROMPTS, 4)

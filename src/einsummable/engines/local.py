@@ -8,7 +8,8 @@ contractions as batched GEMM, joins compiled to ufunc sequences, embeddings as
 gathers; a GEMM's lone elementwise reader runs in the GEMM's task (epilogue.py), and
 a row reduction's, a row at a time in one generated C function (rowfuse.py).
 Blocks are freed after their last reader; partial sums accumulate in place; a
-move inside the process is a view, not a copy. Feeds are never written.
+move inside the process is a view, not a copy. Feeds are never written, save
+the blocks a session gives up to a run that replaces them (donation.py).
 
     prog = es.compile(g, workers=2)            # engine="local"
     prog.run({"x": X})
@@ -27,7 +28,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from einsummable.engines import epilogue, kernels, native, reference_kernel, rowfuse, scheduler
+from einsummable.engines import donation, epilogue, kernels, native, reference_kernel, rowfuse, scheduler
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.ir import priority
@@ -103,7 +104,16 @@ def _input(task: InputTask):
     return run
 
 
+SMALL_FILL = 1 << 16  # elements: a fill block up to this size is made once and served read-only
+
+
 def _constant(task: ConstantTask):
+    """A small block (a decode step's ramps and masks) is made once, not each run (~10 us a ramp);
+    read-only, as kernels that write into a block they read check (epilogue.py, donation.py)."""
+    if math.prod(task.shape) <= SMALL_FILL:
+        block = reference_kernel.fill(task.kind, task.dtype, task.box)
+        block.flags.writeable = False
+        return lambda args, feeds, variables: block
     return lambda args, feeds, variables: reference_kernel.fill(task.kind, task.dtype, task.box)
 
 
@@ -265,6 +275,8 @@ class LocalProgram:
             red, join = tasks[r], tasks[j]
             self.steps[j], self.steps[r] = rowfuse.step(red.op, join.op, k, red.inputs, join.inputs), _nothing
         self.rank = priority.ranks(self.inputs, cost)
+        # where(c, x, a block a session run gives up): stored in place (donation.py)
+        self.donors = donation.prepare(tg, self.inputs, self.keep, self.steps, {*self.fused, *self.rows})
         native.flush()  # the compiled kernels, built together, at prepare
 
     def run(self, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
@@ -273,12 +285,13 @@ class LocalProgram:
         """Execute on ``tg.workers`` threads.
 
         Outputs named in ``carry`` come back as their blocks, unassembled, ready to
-        be fed to the next run; the others are assembled into arrays. ``trace``: write
+        be fed to the next run; the others are assembled into arrays. A kernel may
+        write into the blocks of a feed given up (``donation.GivenUp``). ``trace``: write
         each task's measured start and end per worker there (engines/trace.py: Chrome
         trace JSON, or a Gantt chart for ``*.png``); without it nothing is recorded.
         """
         variables = variables or {}
-        tasks, steps = self.tg.tasks, self.steps
+        tasks, steps = self.tg.tasks, donation.swap(self.steps, self.donors, feeds)
         ticker = _Ticker(len(tasks))
         times = np.zeros((len(tasks), 2)) if trace is not None else None
         if times is not None:

@@ -8,7 +8,10 @@ Resident (the default): the two programs share one session (``Program.session``)
 so the weights and the cache stay on the workers. The prefill keeps its keys and
 values as the cache, padded to its full length; each decode step writes its own
 into the cache at column ``t`` (a run-time variable), ``where(slot == t, new, cache)``,
-and builds its attention mask from ``t`` and the positions in the graph. A step
+attends over the cache so updated (no copy of it into a longer one), and builds its
+attention mask from ``t`` and the positions in the graph. The session gives the old
+cache up to the step that replaces it, so the local engine stores the one slot into it
+in place (engines/donation.py) rather than writing a whole new cache. A step
 feeds the new ids and positions only (12 bytes a sequence) and fetches the sampled
 ids (greedy, an argmax in the graph) or the logits. Both programs output the
 weights unchanged, so each keeps them in its own partition: they move once, when
@@ -147,19 +150,22 @@ class Generator:
     def _decode_graph(self, batch: int, length: int, greedy: bool) -> Graph:
         g, p, ids, pos = self._start(batch, 1)
         cache = self._cache_inputs(g, batch, length)
-        # keys: the cache's slots [0, length), then this step's; a row sees its written slots
-        # [t - pos, t) (after its left pads) and this step. One join each, not a task per operator.
-        slots = g.ramp((1, 1, length + 1), (0.0, 0.0, 1.0))
-        seen = f"where(x0 == {length}.0, 0.0, where(x0 < t, where(x0 >= t - x1, 0.0, -inf), -inf))"
-        mask = elementwise(seen, slots, pos[:, :, None])
-        h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache)
-        self._outputs(g, p, h, greedy)
         column = g.ramp((1, length, 1, 1), (0.0, 1.0, 0.0, 0.0))  # f32: bf16 counts exactly to 256 only
-        for i, ((k, v), (k_new, v_new)) in enumerate(zip(cache, new_cache, strict=True)):
-            k_out = elementwise("where(x0 == t, x1, x2)", column[..., None], k_new, k)
-            v_out = elementwise("where(x0 == t, x1, x2)", column, v_new, v)
-            g.output(f"cache_k{i}", k_out.astype(self.dtype))  # the join's result is f32
-            g.output(f"cache_v{i}", v_out.astype(self.dtype))
+
+        def write(cached: Tensor, new: Tensor) -> Tensor:
+            """This step's keys or values into slot ``t``: the cache updated, attended over whole."""
+            slot = column if cached.ndim == 4 else column[..., None]
+            return elementwise("where(x0 == t, x1, x2)", slot, new, cached).astype(self.dtype)
+
+        # a row sees its written slots [t - pos, t) (after its left pads) and slot t, this step's
+        # own: one join, not a task per operator
+        slots = g.ramp((1, 1, length), (0.0, 0.0, 1.0))
+        mask = elementwise("where(x0 <= t, where(x0 >= t - x1, 0.0, -inf), -inf)", slots, pos[:, :, None])
+        h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache, write=write)
+        self._outputs(g, p, h, greedy)
+        for i, (k, v) in enumerate(new_cache):
+            g.output(f"cache_k{i}", k)
+            g.output(f"cache_v{i}", v)
         return g
 
     def _fed_graph(self, batch: int, new: int, length: int) -> Graph:

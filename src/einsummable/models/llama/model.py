@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 import string
+from collections.abc import Callable
 
 import numpy as np
 
@@ -99,6 +100,8 @@ def causal_mask(g: Graph, seq: int, dtype: str = "f32", keys: int | None = None,
     return g.tril(shape, inside=0.0, outside=-math.inf, offset=offset, dtype=dtype)
 
 
+CacheWrite = Callable[[Tensor, Tensor], Tensor]  # (the cache, a step's keys or values) -> the cache updated
+
 QUERY_BLOCK = 128  # queries per causal block (as FlashAttention tiles); 64 made more copies than it saved
 
 
@@ -127,11 +130,15 @@ def causal_attend(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
 
 
 def attention(x: Tensor, p: dict[str, Tensor], prefix: str, rot_q: Tensor, rot_k: Tensor,
-              mask: Tensor | None, cache: tuple[Tensor, Tensor] | None = None, lora_scale: float = 1.0
-              ) -> tuple[Tensor, Tensor, Tensor]:
+              mask: Tensor | None, cache: tuple[Tensor, Tensor] | None = None, lora_scale: float = 1.0,
+              write: CacheWrite | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Grouped-query attention; returns the output and this call's new keys and values.
 
-    ``mask`` None means causal, over these positions alone (no cache).
+    ``mask`` None means causal, over these positions alone (no cache). A ``cache`` is
+    appended to (the mask covers its keys, then these), or with ``write`` written into:
+    ``write(cached, new)`` is the updated cache, attended over whole (the mask covers its
+    slots alone) and returned in place of the new keys and values. A fixed-length cache
+    kept between steps then costs no copy of itself into a longer one each step.
     """
     q = linear(x, p, prefix + "q_proj", "bsd,grcjd->bsgrcj", lora_scale)
     q = einsum("bsgrej,bsjce->bsgrcj", q, rot_q)                    # RoPE, scaled by 1/sqrt(k)
@@ -139,7 +146,10 @@ def attention(x: Tensor, p: dict[str, Tensor], prefix: str, rot_q: Tensor, rot_k
     k_new = einsum("bsgej,bsjce->bsgcj", k_new, rot_k)
     v_new = linear(x, p, prefix + "v_proj", "bsd,gkd->bsgk", lora_scale)
     keys, values = k_new, v_new
-    if cache is not None:
+    if cache is not None and write is not None:
+        keys = k_new = write(cache[0], k_new)                          # [b, t, g, c, j]
+        values = v_new = write(cache[1], v_new)                        # [b, t, g, k]
+    elif cache is not None:
         keys = es.concat([cache[0], k_new], axis=1)                   # [b, t, g, c, j]
         values = es.concat([cache[1], v_new], axis=1)                 # [b, t, g, k]
     out = causal_attend(q, keys, values) if mask is None else attend(q, keys, values, mask)
@@ -186,11 +196,14 @@ def add_bias(x: Tensor, bias: Tensor | None) -> Tensor:
 
 def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, mask: Tensor | None,
             cache: list[tuple[Tensor, Tensor]] | None = None, residuals: list[Tensor] | None = None,
-            lora_scale: float = 1.0) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
+            lora_scale: float = 1.0, write: CacheWrite | None = None
+            ) -> tuple[Tensor, list[tuple[Tensor, Tensor]]]:
     """Final hidden states [b, s, d] and, per layer, the new (keys, values) for a KV cache.
 
     ``mask`` is [b, s, t] (or [s, t]) of 0 / -inf over the keys: the cache's, then these.
-    None means causal (without a cache), and then masked blocks are skipped.
+    None means causal (without a cache), and then masked blocks are skipped. With
+    ``write`` the cache is written into, not appended to (see ``attention``): the mask
+    covers the cache's slots alone, and the layers return their updated caches.
     ``residuals``, when given, collects the residual stream after each layer (the
     natural activation checkpoints). ``lora_scale`` is alpha / r of the adapters in ``p``.
     """
@@ -208,7 +221,7 @@ def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, ma
         prefix = f"model.layers.{i}."
         x = nn.rmsnorm(h, p[prefix + "input_layernorm.weight"], eps)
         a, k_new, v_new = attention(x, p, prefix + "self_attn.", rot_q, rot_k, mask,
-                                    cache[i] if cache else None, lora_scale)
+                                    cache[i] if cache else None, lora_scale, write)
         h = h + a
         x = nn.rmsnorm(h, p[prefix + "post_attention_layernorm.weight"], eps)
         h = h + mlp(x, p, prefix + "mlp.", lora_scale)

@@ -1,0 +1,215 @@
+"""Buffer donation: a kernel that writes into a block its run gives up, not into a fresh one.
+
+A session run whose output replaces a resident input of the same name (a decode step's KV
+cache, ``where(slot == t, new, cache)``) has no use for that input's blocks once they are
+read. Where the one task that reads such a block is ``where(c, x, old)`` over it
+(elementwise, ``old`` read at the output's own index and in the output's dtype, ``c`` and
+``x`` not reading it), the local engine runs it in place: only the elements where ``c``
+holds are stored, into the given-up block, which becomes the output's. A cache update then
+costs the slot it writes, not a read and a write of the whole cache.
+
+Everything else runs as before: the TaskGraph, the other engines, a run that donates nothing,
+and a block that is not the engine's own whole array (a view of a feed or of another block)
+run the plain kernel into a fresh block.
+
+    prepared = prepare(tg, inputs, keep, steps, fused)    # at prepare: {task: (name, step)}
+    steps = swap(steps, prepared, feeds)                  # per run: those whose input is GivenUp
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from einsummable.engines.blocks import Blocks
+from einsummable.engines.reference_kernel import align, alignment, compiled
+from einsummable.ir.box import intersect
+from einsummable.ir.dtypes import HALF, to_numpy
+from einsummable.ir.einsummable import Einsummable
+from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, inputs_used, substitute
+from einsummable.ir.scalar import _variable
+from einsummable.ir.scalar_ops import is_call
+from einsummable.lower.taskgraph import ApplyTask, InputTask, TaskGraph
+
+Step = Callable[[list, dict, dict], np.ndarray]
+MAX_SLABS = 64  # more places where c holds than this: one masked store over the block instead
+
+
+@dataclass(frozen=True)
+class Donor:
+    """A ``where(cond, value, x[slot])`` task that may store into the block of input ``name``
+    it reads as operand ``slot``; ``value`` carries the join's final rounding, if any."""
+
+    name: str
+    slot: int
+    cond: Expr
+    value: Expr
+
+
+def match(op: Einsummable) -> tuple[int, Expr, Expr] | None:
+    """``(slot, cond, value)`` where ``op`` is ``where(cond, value, x[slot])`` (optionally cast
+    to its own dtype, ``x[slot]`` optionally widened from that half type), elementwise, with
+    ``x[slot]`` read whole at the output's index in the output's dtype and read nowhere else."""
+    join, rounded = op.join, isinstance(op.join, Cast) and op.join.dtype == op.dtype
+    inner = join.arg if rounded else join
+    if op.agg is not None or op.rank != op.out_rank or not is_call(inner, "where"):
+        return None
+    cond, value, old = inner.args
+    if isinstance(old, Cast) and old.dtype == "f32" and op.dtype in HALF:
+        old = old.arg  # a half value widened: exact, and rounded back exactly
+    if not isinstance(old, Input):
+        return None
+    k = old.index
+    if (op.inputs[k] != tuple(range(op.rank)) or op.dtypes[k] != op.dtype
+            or k in inputs_used(cond) | inputs_used(value)):
+        return None
+    return k, cond, Cast(op.dtype, value) if rounded else value
+
+
+def prepare(tg: TaskGraph, inputs: Sequence[tuple[int, ...]], keep: set[int], steps: Sequence[Step],
+            fused: set[int]) -> dict[int, tuple[str, Step]]:
+    """``{task: (input name, in-place step)}`` for the tasks that may write into an input's
+    block: a ``match`` that runs its own kernel (not in ``fused``), whose block of an input the
+    graph also outputs (so a session may replace it) is read by it alone (``inputs``: the
+    dependency lists the engine runs), is no output block (``keep``), and overlaps no other
+    block read of that input."""
+    tasks = tg.tasks
+    readers = [0] * len(tasks)
+    for deps in inputs:
+        for i in deps:
+            readers[i] += 1
+    boxes: dict[str, list[tuple[int, tuple]]] = {}
+    for i, t in enumerate(tasks):
+        if isinstance(t, InputTask):
+            boxes.setdefault(t.name, []).append((i, t.box))
+    out: dict[int, tuple[str, Step]] = {}
+    for j, task in enumerate(tasks):
+        found = match(task.op) if isinstance(task, ApplyTask) and j not in fused else None
+        if found is None:
+            continue
+        k, cond, value = found
+        i = inputs[j][k]
+        src = tasks[i]
+        if not (isinstance(src, InputTask) and src.name in tg.outputs and i not in keep
+                and readers[i] == 1 and inputs[j].count(i) == 1):
+            continue
+        if any(intersect(src.box, box) is not None for other, box in boxes[src.name] if other != i):
+            continue
+        out[j] = (src.name, in_place(task.op, Donor(src.name, k, cond, value), steps[j]))
+    return out
+
+
+class GivenUp(Blocks):
+    """A resident tensor's blocks, given up to the run that replaces them (``Session``): held
+    nowhere else, so a kernel may write into them. As feeds they are read as any ``Blocks``."""
+
+    def __init__(self, blocks: Blocks) -> None:
+        super().__init__(blocks.shape, blocks.dtype, blocks.blocks)
+
+
+def swap(steps: list[Step], prepared: dict[int, tuple[str, Step]], feeds: Mapping[str, object]) -> list[Step]:
+    """``steps`` with the in-place step of each task whose input is fed ``GivenUp``."""
+    chosen = {j: step for j, (name, step) in prepared.items() if isinstance(feeds.get(name), GivenUp)}
+    if not chosen:
+        return steps
+    steps = list(steps)
+    for j, step in chosen.items():
+        steps[j] = step
+    return steps
+
+
+def in_place(op: Einsummable, donor: Donor, plain: Step) -> Step:
+    """The donor's step: store ``value`` where ``cond`` holds into the given-up block, or, for
+    a block that is not the engine's own whole array, the ``plain`` step."""
+    cond, value = _part(op, donor.cond), _part(op, donor.value)
+    shape, dtype = op.out_shape, to_numpy(op.dtype)
+    # the axes along which cond varies: those its operands index (a cache's slots)
+    spans = tuple(sorted({i for k in inputs_used(donor.cond) for i in op.inputs[k] if op.join_shape[i] > 1}))
+
+    def run(args, feeds, variables):
+        block = args[donor.slot]
+        if not _owned(block, shape, dtype):
+            return plain(args, feeds, variables)
+        _store(block, cond(args, variables), value(args, variables), spans)
+        return block
+
+    return run
+
+
+_COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+            "ge": np.greater_equal}
+
+
+def _part(op: Einsummable, e: Expr) -> Callable[[list, dict], np.ndarray]:
+    """``e`` over the operands it reads, aligned to the join's axes (size 1 where they lack one):
+    the result spans only the axes those operands index. An operand alone (the store casts it
+    as the join's final cast would) and a comparison of operands, variables and constants run
+    without the interpreter, whose call would cost more than a cache slot's store."""
+    def leaf(a: Expr) -> Callable[[list, dict], object] | None:
+        if isinstance(a, Input) and op.dtypes[a.index] not in HALF:  # (the interpreter widens a half)
+            return _aligned(op, a.index)
+        if isinstance(a, Var):
+            return lambda args, variables: _variable(a.name, variables)
+        if isinstance(a, Const):
+            return lambda args, variables: a.value
+        return None
+
+    bare = e.arg if isinstance(e, Cast) and e.dtype == op.dtype else e
+    if isinstance(bare, Input):
+        return _aligned(op, bare.index)
+    if isinstance(e, Call) and e.op in _COMPARE and None not in (sides := [leaf(a) for a in e.args]):
+        compare, (x, y) = _COMPARE[e.op], sides
+        return lambda args, variables: _full_rank(compare(x(args, variables), y(args, variables)), op.rank)
+    used = sorted(inputs_used(e))
+    fn = compiled(substitute(e, {k: Input(n) for n, k in enumerate(used)}), tuple(op.dtypes[k] for k in used))
+
+    def run(args, variables):
+        views = (align(args[k], op.inputs[k], op.join_shape) for k in used)
+        return _full_rank(fn(*views, variables=variables), op.rank)
+
+    return run
+
+
+def _aligned(op: Einsummable, k: int) -> Callable[[list, dict], np.ndarray]:
+    """Operand ``k`` viewed with its axes in join order, size 1 where it lacks one."""
+    axes, shape = alignment(op.inputs[k], op.join_shape)
+    if axes == sorted(axes):
+        return lambda args, variables: args[k].reshape(shape)
+    return lambda args, variables: args[k].transpose(axes).reshape(shape)
+
+
+def _full_rank(a: object, rank: int) -> np.ndarray:
+    a = np.asarray(a)
+    return a if a.ndim == rank else a.reshape((1,) * (rank - a.ndim) + a.shape)
+
+
+def _owned(block: object, shape: tuple[int, ...], dtype: np.dtype) -> bool:
+    """Whether ``block`` is a whole array of its own (not a view of a feed or of another block)."""
+    return (isinstance(block, np.ndarray) and block.base is None and block.flags.c_contiguous
+            and block.flags.writeable and block.shape == shape and block.dtype == dtype)
+
+
+def _store(block: np.ndarray, cond: np.ndarray, value: np.ndarray, spans: tuple[int, ...]) -> None:
+    """``block[cond] = value``, ``cond`` and ``value`` broadcast over it (``cond`` varying along
+    ``spans`` alone): one slab per place ``cond`` holds, else, past MAX_SLABS, one masked store."""
+    if len(spans) == 1:  # the places are indices along one axis: no coordinate tuples to build
+        (a,) = spans
+        hits = np.flatnonzero(cond)
+        if len(hits) <= MAX_SLABS:
+            lead, one = (slice(None),) * a, value.shape[a] == 1
+            for h in hits.tolist():
+                block[(*lead, h)] = value[(*lead, 0 if one else h)]
+            return
+    else:
+        hits = np.argwhere(cond)
+    if len(hits) > MAX_SLABS:
+        np.copyto(block, np.broadcast_to(value, block.shape),
+                  where=np.broadcast_to(cond, block.shape), casting="unsafe")
+        return
+    for hit in hits:
+        at = tuple(int(h) if a in spans else slice(None) for a, h in enumerate(hit))
+        of = tuple(slice(None) if a not in spans else int(h) if n > 1 else 0
+                   for a, (h, n) in enumerate(zip(hit, value.shape, strict=True)))
+        block[at] = value[of]
