@@ -57,16 +57,18 @@ def embed(ids: Tensor, table: Tensor) -> Tensor:
 
 
 def rope_rotation(pos: Tensor, cfg: LlamaConfig, scale: float = 1.0) -> Tensor:
-    """The 2x2 rotation per position and frequency: [b, s, j, c, c'] (rotate-half convention).
+    """The 2x2 rotation per position and frequency: [b, s, c, c', j] (rotate-half convention).
 
-    out[c] = sum_c' R[c, c'] x[c'], R = cos * I + sin * J, with J[c, c'] = c - c'.
+    out[c] = sum_c' R[c, c'] x[c'], R = cos * I + sin * J, with J[c, c'] = c - c'. The
+    frequency j is last, as in q and k: RoPE's kernels then read every operand at unit
+    stride along their inner loop (0.47 -> 0.16 ms for a 512k-value q block, j at stride 4 before).
     """
     g = pos.graph
     freq = g.ramp((cfg.head_dim // 2,), steps=(1.0,), dtype=pos.dtype)
     inv_freq = es.elementwise(inverse_frequency(cfg), freq)
     angle = einsum("bs,j->bsj", pos, inv_freq)                                   # [b, s, j]
     sign = g.ramp((2, 2), steps=(1.0, -1.0), dtype=pos.dtype)                    # J = c - c'
-    return einsum("bsj,ce->bsjce", angle, sign,
+    return einsum("bsj,ce->bscej", angle, sign,
                   join=f"(cos(x0) * (1 - abs(x1)) + sin(x0) * x1) * {scale!r}")
 
 
@@ -141,9 +143,9 @@ def attention(x: Tensor, p: dict[str, Tensor], prefix: str, rot_q: Tensor, rot_k
     kept between steps then costs no copy of itself into a longer one each step.
     """
     q = linear(x, p, prefix + "q_proj", "bsd,grcjd->bsgrcj", lora_scale)
-    q = einsum("bsgrej,bsjce->bsgrcj", q, rot_q)                    # RoPE, scaled by 1/sqrt(k)
+    q = einsum("bsgrej,bscej->bsgrcj", q, rot_q)                    # RoPE, scaled by 1/sqrt(k)
     k_new = linear(x, p, prefix + "k_proj", "bsd,gcjd->bsgcj", lora_scale)
-    k_new = einsum("bsgej,bsjce->bsgcj", k_new, rot_k)
+    k_new = einsum("bsgej,bscej->bsgcj", k_new, rot_k)
     v_new = linear(x, p, prefix + "v_proj", "bsd,gkd->bsgk", lora_scale)
     keys, values = k_new, v_new
     if cache is not None and write is not None:
