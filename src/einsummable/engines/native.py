@@ -88,8 +88,9 @@ class _Compiled(Function):
     def __init__(self, op: Einsummable, src: cbuild.Source, fallback: Body) -> None:
         super().__init__(src)
         self.op, self.fallback = op, fallback
-        self.dtypes = [to_numpy(d) for d in op.dtypes]
-        self.shapes = [tuple(op.join_shape[i] for i in idx) for idx in op.inputs]
+        self.operands = [(to_numpy(d), tuple(op.join_shape[i] for i in idx),
+                          lambda k=k: f"operand {k} of {op.spec}")
+                         for k, (d, idx) in enumerate(zip(op.dtypes, op.inputs, strict=True))]
         self.sizes = (ctypes.c_int64 * max(1, op.rank))(*op.join_shape)
         # a half sum comes back in its f32 accumulator, as the numpy body's does: the
         # prepared kernel rounds it once, to its own dtype (f32 where the sum is kept wide)
@@ -102,9 +103,7 @@ class _Compiled(Function):
         fn = self.fn if self.fn is not None else self.get()
         if fn is None:  # the build failed: numpy
             return self.fallback(arrays, variables)
-        arrays = [a if type(a) is np.ndarray and a.dtype == t and a.shape == shape and a.flags.c_contiguous
-                  else self._operand(k, a)  # the usual case inline: this runs on every call
-                  for k, (a, t, shape) in enumerate(zip(arrays, self.dtypes, self.shapes, strict=True))]
+        arrays = operands(arrays, self.operands)
         key = tuple([a.strides for a in arrays])
         strides = self.strides.get(key)
         if strides is None:
@@ -112,19 +111,24 @@ class _Compiled(Function):
         pointers = self.pointers(*[aligned.address(a) for a in arrays])
         return self.call(fn, pointers, self.sizes, strides, variables, self.out_shape, self.acc_dtype)
 
-    def _operand(self, k: int, a: np.ndarray) -> np.ndarray:
-        return operand(a, self.dtypes[k], self.shapes[k], lambda: f"operand {k} of {self.op.spec}")
-
     def _strides(self, arrays: list[np.ndarray]) -> ctypes.Array:
         out = (ctypes.c_int64 * max(1, len(arrays) * self.op.rank))()
         write_strides(out, 0, arrays, self.op)
         return out
 
 
+Operand = tuple[np.dtype, tuple[int, ...], Callable[[], str]]  # dtype, shape, what to call it in an error
+
+
+def operands(arrays: Sequence[np.ndarray], wanted: Sequence[Operand]) -> list[np.ndarray]:
+    """Each array as the C side reads it (``operand``); the usual case, an array already so,
+    is tested inline: this runs on every call of a compiled kernel."""
+    return [a if type(a) is np.ndarray and a.dtype == t and a.shape == shape and a.flags.c_contiguous
+            else operand(a, t, shape, what) for a, (t, shape, what) in zip(arrays, wanted, strict=True)]
+
+
 def operand(a: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], what: Callable[[], str]) -> np.ndarray:
     """``a`` as the C side reads it: ``dtype``, ``shape``, strides in whole elements."""
-    if type(a) is np.ndarray and a.dtype == dtype and a.shape == shape and a.flags.c_contiguous:
-        return a  # the usual case, checked first: this runs on every call
     if type(a) is not np.ndarray or a.dtype != dtype:  # a whole reduction may hand over a scalar
         a = np.asarray(a, dtype=dtype)
     if a.shape != shape:

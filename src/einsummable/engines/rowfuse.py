@@ -126,9 +126,7 @@ class Fused(native.Function):
         fn = self.fn if self.fn is not None else self.get()
         if fn is None:  # the build failed: the two kernels
             return self._apart(args, variables)
-        arrays = [a if type(a) is np.ndarray and a.dtype == t and a.shape == shape and a.flags.c_contiguous
-                  else native.operand(a, t, shape, what)  # the usual case inline: this runs every call
-                  for a, (t, shape, what) in zip(args, self.operands, strict=True)]
+        arrays = native.operands(args, self.operands)
         key = tuple([a.strides for a in arrays])
         strides = self.strides.get(key)
         if strides is None:
