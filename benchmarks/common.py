@@ -7,11 +7,32 @@ burst of noise on this shared machine hits all of them rather than one.
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import statistics
 import time
 from collections.abc import Callable
 
 import numpy as np
+from threadpoolctl import threadpool_info
+
+
+def machine() -> str:
+    """The CPU and the BLAS kernels numpy runs, for a benchmark's first line: GEMM-bound
+    figures mean nothing without them. Some machines here set ``OPENBLAS_CORETYPE`` (older
+    OpenBLAS builds fail on their CPUs); it holds a current numpy to older kernels (an AMD
+    EPYC with AVX-512 on Haswell's: half the GEMM rate), so the line says when it is set."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    blas = ", ".join(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture') or ''}".rstrip()
+                     for i in threadpool_info() if i.get("user_api") == "blas")
+    forced = {k: os.environ[k] for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE") if k in os.environ}
+    note = f" (kernels forced by the environment: {forced})" if forced else ""
+    return f"CPU: {cpu}, {os.cpu_count()} cores; numpy's BLAS: {blas}{note}"
 
 
 def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:

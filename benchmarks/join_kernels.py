@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
 import numpy as np
 import torch
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_limits
 
+from common import machine
 from einsummable.engines import aligned, cbuild, kernels, local, native, rowfuse
 from einsummable.ir.einsummable import Einsummable
 
@@ -164,8 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     local._keep_freed_memory()  # blocks come from the reused heap, as in the engines
-    print(f"CPU: {platform.processor() or platform.machine()}; BLAS: "
-          f"{[i.get('internal_api') for i in threadpool_info()]}; torch {torch.__version__}")
+    print(f"{machine()}; torch {torch.__version__}")
     if not cbuild.enabled():
         raise SystemExit("compiled kernels are off (EINSUMMABLE_KERNELS=numpy or no compiler)")
 

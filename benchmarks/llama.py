@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from common import SETTLE, add_llama_arguments, compare, gemm_peer, report, report_bound
+from common import SETTLE, add_llama_arguments, compare, gemm_peer, machine, report, report_bound
 from einsummable.compile import Program
 from einsummable.engines.blocks import Blocks
 from einsummable.models.llama.generate import Generator
@@ -182,6 +182,7 @@ def main() -> None:
     model, cfg, params = hf_model(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate,
                                   args.vocab)
     n_params = sum(int(np.prod(s)) for s in cfg.parameter_shapes().values())
+    print(machine())
     print(f"model: hidden {args.hidden}, {args.layers} layers, heads {args.heads}/{args.kv_heads}, "
           f"mlp {args.intermediate}, vocab {args.vocab}, {n_params / 1e6:.1f}M parameters")
     engine = "local"

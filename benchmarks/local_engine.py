@@ -12,7 +12,7 @@ import os
 import numpy as np
 
 import einsummable as es
-from common import compare, report
+from common import compare, machine, report
 
 
 def _dask(arrays, chunks, build):
@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--size", type=int, default=4000)
     args = parser.parse_args()
+    print(machine())
     n = args.size
     workload("(a) matmul 4096^2", [(4096, 4096)] * 2, lambda a, b: a @ b, args.workers, [1024, 2048, 4096])
     workload(f"(b) chain A@B@C@D, {n}^2", [(n, n)] * 4, lambda a, b, c, d: a @ b @ c @ d,

@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 import einsummable as es
-from common import SETTLE, compare, gemm_peer, report, report_bound
+from common import SETTLE, compare, gemm_peer, machine, report, report_bound
 
 LR, B1, B2, EPS, WD = 1e-3, 0.9, 0.999, 1e-8, 0.01
 
@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    print(machine())
     widths = [int(w) for w in args.widths.split(",")]
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, widths[0]), dtype=np.float32)
