@@ -41,9 +41,11 @@ COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
 SPECIAL = [math.nan, math.inf, -math.inf, 0.0, -0.0]
 # max ulps against numpy per function and dtype, measured (see the module docstring);
 # f64 exp is 3 within +-708.4 and 4 past 708.4 (shifted into libmvec's fast range and
-# scaled back: one more rounding, see cprelude); f32 exp is inline (cprelude), no libmvec
-ULPS = {"f32": {"exp": 3, "log": 5, "sin": 2, "cos": 2, "tanh": 1, "pow3": 2},
-        "f64": {"exp": 4, "log": 2, "sin": 3, "cos": 3, "tanh": 2, "pow3": 2}}
+# scaled back: one more rounding, see cprelude); f32 exp is inline (cprelude), no libmvec.
+# sigmoid and silu are 1 / (1 + e^-x) and x / (1 + e^-x): exp's ulps, then two roundings
+# that can fall on either side (4 measured over 400k values, f32 and f64)
+ULPS = {"f32": {"exp": 3, "log": 5, "sin": 2, "cos": 2, "tanh": 1, "pow3": 2, "sigmoid": 4, "silu": 4},
+        "f64": {"exp": 4, "log": 2, "sin": 3, "cos": 3, "tanh": 2, "pow3": 2, "sigmoid": 4, "silu": 4}}
 WIDE = {"bf16": "f32", "f16": "f32", "f32": "f32", "f64": "f64"}
 
 
@@ -182,8 +184,8 @@ def test_exact_joins_bit_equal_numpy(cases):
 def test_joins_with_vector_math_close_to_numpy(cases):
     """Transcendentals differ from numpy by a few ulps; after a random chain of ops that is
     judged against the join's own sensitivity: numpy's result moved by perturbing the inputs,
-    or numpy's own error against the join evaluated in f64 (cancellation inside sigmoid's
-    0.5 * tanh(x / 2) + 0.5 magnifies an ulp of tanh as much in numpy as here)."""
+    or numpy's own error against the join evaluated in f64 (cancellation, as in gelu's
+    tanh(u) + 1, magnifies an ulp of tanh as much in numpy as here)."""
     for op, arrays, variables, got, want in _run(cases, special=False):
         rng = np.random.default_rng(0)
         nudged = [(a.astype(np.float64) * (1 + 4 * _eps(op.dtype) * rng.choice([-1, 1], a.shape)))
@@ -409,3 +411,54 @@ def test_a_whole_block_join_loops_flat_when_contiguous_and_by_rows_when_not(dtyp
     with np.errstate(all="ignore"):
         _check(small, [odd, b[:1], s], {}, native.kernel(small, None)([odd, b[:1], s], {}),
                _oracle(small, [odd, b[:1], s], {}))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f64"])
+def test_sigmoid_and_silu_keep_their_tail_as_torch_does(dtype, monkeypatch):
+    """sigmoid(x) = 1 / (1 + e^-x) and silu(x) = x / (1 + e^-x), torch's forms, in the
+    compiled kernel, the numpy path and the reference engine alike. The former
+    0.5 tanh(x / 2) + 0.5 rounded sigmoid(-20) = 2.1e-9 to 0 (already past x = -17 in f32),
+    and with it silu's negative tail; here each path is within a few ulps of torch."""
+    torch = pytest.importorskip("torch")
+    xs = np.array([-100.0, -87.0, -60.0, -30.0, -20.0, -17.5, -5.0, -0.5, -0.0, 0.0, 1e-3, 0.5, 5.0,
+                   20.0, 100.0, math.inf, -math.inf, math.nan])
+    a = xs.astype(to_numpy(dtype))
+    t = torch.from_numpy(xs.astype(np.float32 if dtype == "bf16" else to_numpy(dtype)))
+    for name, want in (("sigmoid", torch.sigmoid(t)), ("silu", torch.nn.functional.silu(t))):
+        want = want.to(torch.bfloat16).float() if dtype == "bf16" else want
+        want = want.numpy().astype(np.float64)
+        op = Einsummable.from_spec("i->i", [xs.shape], join=f"{name}(x0)", dtypes=[dtype])
+        compiled = native.kernel(op, None)
+        native.flush()
+        with monkeypatch.context() as m:
+            m.setenv(cbuild.ENV, "numpy")
+            numpy_path = kernels.prepare.__wrapped__(op)
+        with np.errstate(all="ignore"):
+            paths = {"compiled": compiled([a], None), "numpy path": numpy_path([a], None),
+                     "reference": reference_kernel.einsum(op, [a])}
+        for path, got in paths.items():
+            g = got.astype(np.float64)
+            assert (np.isnan(g) == np.isnan(want)).all(), (name, path, got)
+            ok = np.isfinite(want)
+            tol = 4 * _eps(dtype) * np.abs(want[ok]) + 1e-44
+            assert (np.abs(g[ok] - want[ok]) <= tol).all(), f"{name} ({dtype}, {path}): {got} vs torch {want}"
+            assert (g[np.isinf(want)] == want[np.isinf(want)]).all(), (name, path, got)
+            assert g[list(xs).index(-20.0)] != 0  # the tail: 2.1e-9 (sigmoid), -4.1e-8 (silu)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_sigmoid_and_silu_are_their_exp_forms_bit_for_bit(dtype):
+    """sigmoid and silu run on a denominator of their own (cprelude's one_plus_exp_neg_f:
+    one power-of-two factor, -x clamped): bit-equal to the same join spelt with exp, over
+    every f32 step of 1/64 from -110 to 110 (both overflow edges, 88.72 and 103.97, inside)."""
+    steps = np.arange(-110 * 64, 110 * 64 + 1) / 64.0
+    xs = np.concatenate([steps, SPECIAL, [88.7228, 88.7229, -88.7228, 1e-30]]).astype(to_numpy(dtype))
+    pairs = {"sigmoid(x0)": "1 / (1 + exp(-x0))", "silu(x0)": "x0 / (1 + exp(-x0))",
+             "silu(x0) * x0": "x0 / (1 + exp(-x0)) * x0"}
+    compiled = [tuple(native.kernel(Einsummable.from_spec("i->i", [xs.shape], join=j, dtypes=[dtype]), None)
+                      for j in pair) for pair in pairs.items()]
+    native.flush()
+    for (own, spelt), join in zip(compiled, pairs, strict=True):
+        got, want = own([xs], None), spelt([xs], None)
+        same = _same_bits(got, want, zeros_equal=False)
+        assert same.all(), f"{join}: {xs[~same][:4]} -> {got[~same][:4]}, exp form {want[~same][:4]}"

@@ -238,10 +238,10 @@ def _call(op: str, t: str, a: list[str]) -> str:
         return f"{op}{f}({a[0]})"
     if op == "rsqrt":
         return f"{one} / sqrt{f}({a[0]})"
-    if op == "sigmoid":
-        return f"{half} * tanh{f}({half} * {a[0]}) + {half}"
-    if op == "silu":  # sigmoid rounded to its step type, then times a (numpy's two steps)
-        return f"({t})({half} * tanh{f}({half} * {a[0]}) + {half}) * {a[0]}"
+    if op == "sigmoid":  # ir/scalar_ops.py's forms, step for step: only exp differs (ulps)
+        return f"{one} / one_plus_exp_neg_{t[0]}({a[0]})"
+    if op == "silu":
+        return f"{a[0]} / one_plus_exp_neg_{t[0]}({a[0]})"
     if op == "relu":
         return f"NMAX({a[0]}, ({t})0.0)"
     if op == "gelu":  # numpy's sequence of steps, each rounded to t

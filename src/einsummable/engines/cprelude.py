@@ -33,9 +33,7 @@ static inline float rd_f16(float f) { return (float)(_Float16)f; }
    0.081 ms against numpy's 0.123 (0.119 without the fused steps). Outside (L, H) =
    (-104, 89), the result is selected, not computed (a causal mask's -1e9 or -inf would
    cost a microcode assist per vector): 0 below, inf above, NaN for NaN. */
-static inline float exp_f(float x) {
-  int in = (x > -0x1.ap+6f) & (x < 0x1.64p+6f);
-  float c = in ? x : 0.0f;
+static inline float exp_r_f(float c, float *kf_out) { /* e^r, where c = k ln2 + r */
   float kf = fmaf(c, 0x1.715476p+0f, 0x1.8p23f) - 0x1.8p23f;
   float r = fmaf(kf, -0x1.7f7d1cp-20f, fmaf(kf, -0x1.62e4p-1f, c));
   float q = fmaf(0x1.a01a02p-13f, r, 0x1.6c16c2p-10f);
@@ -43,13 +41,31 @@ static inline float exp_f(float x) {
   q = fmaf(q, r, 0x1.555556p-5f);
   q = fmaf(q, r, 0x1.555556p-3f);
   q = fmaf(q, r, 0.5f);
-  float p = 1.0f + fmaf(r * r, q, r);
+  *kf_out = kf;
+  return 1.0f + fmaf(r * r, q, r);
+}
+static inline float exp_f(float x) {
+  int in = (x > -0x1.ap+6f) & (x < 0x1.64p+6f);
+  float kf, p = exp_r_f(in ? x : 0.0f, &kf);
   int32_t k = (int32_t)kf, k1 = k >> 1, k2 = k - k1;
   int32_t b1 = (k1 + 127) << 23, b2 = (k2 + 127) << 23;
   float s1, s2; memcpy(&s1, &b1, 4); memcpy(&s2, &b2, 4);
   float e = (p * s1) * s2;
   return in ? e : x <= -0x1.ap+6f ? 0.0f : x + INFINITY;
 }
+/* 1 + e^-x in f32: sigmoid's and silu's denominator, bit-equal to 1.0f + exp_f(-x) and
+   cheaper (silu(x) * y over 1.4M f32: 0.34 against 0.42 ms, libmvec's tanhf form 0.41).
+   -x is clamped to [-80, 88.75]: below, e^-x < 2^-115 vanishes beside 1 either way; above
+   (and at 88.75, past f32's largest e^z at 88.72) the product overflows to inf, as numpy's
+   exp does; NaN stays NaN. 2^k is one factor, 2 * 2^(k - 1), so k up to 128 is exact. */
+static inline float one_plus_exp_neg_f(float x) {
+  float z = -x;
+  float kf, p = exp_r_f(z < -80.0f ? -80.0f : (z > 88.75f ? 88.75f : z), &kf);
+  int32_t b = ((int32_t)kf + 126) << 23;
+  float s; memcpy(&s, &b, 4);
+  return 1.0f + (p * 2.0f) * s;
+}
+#define one_plus_exp_neg_d(x) (1.0 + exp_d(-(x)))
 /* f64 exp off libmvec's slow path. Its vector exp falls back to scalar code, lane by lane,
    for |x| >= B (708.396: measured), and a causal mask's -1e9 or -inf costs ~15x. A loop
    whose exp arguments all lie within B calls it plainly (checked first, EXP_FAR_d);

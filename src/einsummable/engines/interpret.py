@@ -199,17 +199,23 @@ def _ufunc(uf: np.ufunc) -> Kernel:
     return kernel
 
 
+def _one_plus_exp_neg(out: np.ndarray, a: np.ndarray) -> None:
+    """1 + e^-a, in place: sigmoid is 1 / this, silu a / this (ir/scalar_ops.py's forms);
+    e^-a overflows to inf past a = -88 (f32) by design, so numpy is not to warn."""
+    np.negative(a, out=out)
+    with np.errstate(over="ignore"):
+        np.exp(out, out=out)
+    np.add(out, 1, out=out)
+
+
 def _sigmoid(out: np.ndarray, a: np.ndarray) -> None:
-    # 0.5 * tanh(0.5 a) + 0.5: stable for large |a|, and four ufunc calls in place.
-    np.multiply(a, 0.5, out=out)
-    np.tanh(out, out=out)
-    np.multiply(out, 0.5, out=out)
-    np.add(out, 0.5, out=out)
+    _one_plus_exp_neg(out, a)
+    np.divide(1, out, out=out)
 
 
 def _silu(out: np.ndarray, a: np.ndarray) -> None:
-    _sigmoid(out, a)
-    np.multiply(out, a, out=out)
+    _one_plus_exp_neg(out, a)
+    np.divide(a, out, out=out)
 
 
 def _gelu(out: np.ndarray, a: np.ndarray) -> None:

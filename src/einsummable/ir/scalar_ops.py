@@ -103,7 +103,13 @@ def _where(name: str, dts: tuple[Weak, ...]) -> Weak:
 
 
 def _sigmoid(a: np.ndarray) -> np.ndarray:
-    return np.tanh(a * 0.5) * 0.5 + 0.5  # stable for large |a|
+    # torch's form. e^-a overflows to inf past a = -88 (f32), giving the limit 0; the
+    # 0.5 tanh(a / 2) + 0.5 form rounds to 0 already past -17 and loses sigmoid's tail.
+    return 1.0 / (1.0 + np.exp(-a))
+
+
+def _silu(a: np.ndarray) -> np.ndarray:
+    return a / (1.0 + np.exp(-a))  # torch's form: one rounding fewer than sigmoid(a) * a
 
 
 GELU_C = math.sqrt(2.0 / math.pi)
@@ -178,7 +184,7 @@ _ops = [
           lambda a: (_sub(ONE, call("pow", call("tanh", a[0]), Const(2.0))),)),
     OpRule("sigmoid", 1, _sigmoid, _real_float,
           lambda a: (_mul(_sig(a[0]), _sub(ONE, _sig(a[0]))),)),
-    OpRule("silu", 1, lambda a: _sigmoid(a) * a, _real_float,
+    OpRule("silu", 1, _silu, _real_float,
           lambda a: (_mul(_sig(a[0]), call("add", ONE, _mul(a[0], _sub(ONE, _sig(a[0]))))),)),
     OpRule("relu", 1, lambda a: np.maximum(a, 0), _real_only,
           lambda a: (_indicator(call("gt", a[0], ZERO)),)),
