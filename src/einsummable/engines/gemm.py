@@ -67,9 +67,25 @@ def contraction(op: Einsummable) -> Kernel:
             return out.reshape(shape)
         rows = (*np.broadcast_shapes(a.shape[:-2], b.shape[:-2]), a.shape[-2], b.shape[-1])
         out, _ = aligned.empty(rows, np.result_type(a, b))
+        if _few_rows_by_columns(a, b):
+            np.copyto(out, np.matmul(b.T, a.T).T)
+            return out.reshape(shape)
         return np.matmul(a, b, out=out).reshape(shape)
 
     return body
+
+
+FEW_ROWS = 64
+
+
+def _few_rows_by_columns(a: np.ndarray, b: np.ndarray) -> bool:
+    """A few rows times a matrix stored by columns (``x @ W.T``, a decode step's projections):
+    OpenBLAS runs ``(W @ x.T).T`` and a copy of the small result faster. Measured one thread,
+    8 x 512 by 512 x 1376 f32: 332 against 151 us on its AVX-512 kernels, 180 against 153 on
+    Haswell's; at 64 rows 631 against 494 and equal; at 256 rows slower, so not past 64."""
+    item = a.itemsize
+    return (a.ndim == 2 and b.ndim == 2 and a.shape[0] <= FEW_ROWS and a.strides[1] == item
+            and b.strides[0] == item and b.strides[1] != item)
 
 
 def _sorted(xs: list[int]) -> bool:
