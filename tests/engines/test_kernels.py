@@ -216,7 +216,8 @@ def test_a_few_rows_times_a_matrix_stored_by_columns(rows, dtype, monkeypatch):
     op = Einsummable.from_spec("sd,fd->sf", [x.shape, w.shape], agg="add", dtypes=[dtype, dtype])
     got = kernels.prepare.__wrapped__(op)([x, w], None)
     want = np.einsum("sd,fd->sf", x.astype(np.float64), w.astype(np.float64))
-    np.testing.assert_allclose(got.astype(np.float64), want, rtol=1e-2 if dtype == "bf16" else 1e-4, atol=1e-3)
+    rtol = 1e-2 if dtype == "bf16" else 1e-4
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=rtol, atol=1e-3)
     assert got.flags.c_contiguous and got.shape == (rows, 700)
     assert calls == [((700, 96), (96, rows))] if rows <= gemm.FEW_ROWS else [((rows, 96), (96, 700))]
     if got.nbytes >= 64 * 1024 and dtype == "f32":  # bf16 is the f32 block rounded, a copy
