@@ -44,8 +44,11 @@ def test_three_micro_batches_equal_one_big_batch_and_no_gradient_reaches_the_dri
     monkeypatch.setattr(Program, "execute", spy)
     for _ in range(3):  # the second and third steps must start their sums afresh
         assert accum.train_step() == pytest.approx(one.train_step(), rel=1e-5)
+    # Adam divides by sqrt(v): where a gradient is near 0, f32 summation order (the engines'
+    # GEMMs block differently) moves the update by a fraction of lr = 1e-2 (1.5e-5 seen on
+    # one element of 2048). A lost or repeated micro-batch moves updates by O(lr), 200x atol.
     for name, w in one.params.items():
-        np.testing.assert_allclose(accum.params[name], w, rtol=1e-4, atol=1e-5, err_msg=name)
+        np.testing.assert_allclose(accum.params[name], w, rtol=1e-4, atol=5e-5, err_msg=name)
     assert len(seen) == 3 * 4  # per step: three micro-batches and one update
     for fed, back in seen:
         assert fed <= {"tokens"} and back <= {"loss", "grad_norm"}  # scalars
