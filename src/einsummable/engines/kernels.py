@@ -308,12 +308,25 @@ def _gather(op: Einsummable, arrays: Sequence[np.ndarray], a: int, b: int, c: in
         if _distinct(places, target.shape[: len(fixed_out)]):
             target[places] = gathered  # a lookup: each place written once (x, where 0 + x gave +0 for -0)
         else:
-            np.add.at(target, places, gathered)  # a scatter-add: repeated places sum in order
+            _scatter_add(target, places, gathered)
     else:
         target = gathered.sum(axis=0, dtype=acc)
     present = fixed_out + free
     target = target.transpose([present.index(i) for i in sorted(present)])
     return target.reshape([op.join_shape[i] if i in present else 1 for i in range(op.out_rank)])
+
+
+def _scatter_add(target: np.ndarray, places: tuple[np.ndarray, ...], rows: np.ndarray) -> None:
+    """``np.add.at(target, places, rows)`` on a zero target, as one ``np.add.reduceat`` over
+    the runs of equal places (a stable sort): a reassociated sum, as every add aggregation
+    is. np.add.at holds the GIL and adds row by row: 1024 rows of 512 into 256 places took
+    3.5 ms, 1.5 so; 4096 rows of 256 into 32000 places 9.2 and 6.3."""
+    flat = np.ravel_multi_index(places, target.shape[: len(places)])
+    order = np.argsort(flat, kind="stable")
+    flat = flat[order]
+    starts = np.flatnonzero(np.concatenate(([True], flat[1:] != flat[:-1])))
+    sums = np.add.reduceat(rows[order], starts, axis=0, dtype=target.dtype)
+    target.reshape(-1, *target.shape[len(places):])[flat[starts]] = sums
 
 
 def _distinct(places: tuple[np.ndarray, ...], shape: tuple[int, ...]) -> bool:
