@@ -351,8 +351,7 @@ def _inner(op, em, value, inner, offsets, unit, acc_t, pad, n: str | None = None
         loop = [f"{pad}#pragma omp simd", f"{pad}for (int64_t j = 0; j < {n}; j++) {{", *body, pad + "}"]
     if em.exp_args:  # plain exp where every argument of this row is in its fast range
         tests = [f"{pad}  far[l] |= {test};" for test in em.exp_args]
-        far = [("far", "0", lambda a, b: f"{a} | {b}")]
-        check = _lanes(pad, n, LANES["int"], far, body[:-1] + tests)  # no store
+        check = _lanes(pad, n, LANES["int"], [("far", "0", lambda a, b: f"{a} | {b}")], body[:-1] + tests)
         plain = [line.replace("exp_d(", "exp(") for line in loop]
         lines += [f"{pad}int far[{LANES['int']}];", *check,
                   f"{pad}if (far[0]) {{", *loop, f"{pad}}} else {{", *plain, pad + "}"]
