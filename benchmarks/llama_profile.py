@@ -21,7 +21,7 @@ import types
 
 import numpy as np
 
-from common import add_llama_arguments
+from common import add_llama_arguments, machine
 from einsummable.engines import cbuild, epilogue, gemm, kernels, local, native, rowfuse
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.expr import variables_used
@@ -70,6 +70,7 @@ def main() -> None:
     parser.add_argument("--gemms", action="store_true",
                         help="each GEMM block op of the step on its own, on one BLAS thread: its GF/s")
     args = parser.parse_args()
+    print(machine())
     _, cfg, params = hf_model(args.hidden, args.layers, args.heads, args.kv_heads, args.intermediate,
                               args.vocab)
     tcfg = TrainConfig(batch=args.batch, seq=args.seq, steps=args.steps + 1)
