@@ -116,6 +116,15 @@ def patterns(rows: int, ff: int, d: int, keys: int) -> dict:
     }
 
 
+def numpy_path(o: Einsummable):
+    """``o``'s kernel as the numpy path prepares it (EINSUMMABLE_KERNELS=numpy for this call)."""
+    os.environ[cbuild.ENV] = "numpy"
+    try:
+        return kernels.prepare.__wrapped__(o)
+    finally:
+        del os.environ[cbuild.ENV]
+
+
 def runner(steps, feeds, prepare, fuse: bool = False):
     """The steps in order, each prepared once. With ``fuse``, a row reduction whose result one
     elementwise step alone reads runs with it as the local engine runs that pair: one fused
@@ -167,13 +176,6 @@ def main() -> None:
     print(f"{machine()}; torch {torch.__version__}")
     if not cbuild.enabled():
         raise SystemExit("compiled kernels are off (EINSUMMABLE_KERNELS=numpy or no compiler)")
-
-    def numpy_path(o):
-        os.environ[cbuild.ENV] = "numpy"
-        try:
-            return kernels.prepare.__wrapped__(o)
-        finally:
-            del os.environ[cbuild.ENV]
 
     print(f"\n{'pattern':<18} {'compiled':>10} {'numpy':>10} {'torch':>10}   numpy/compiled  torch/compiled")
     with threadpool_limits(1):

@@ -8,15 +8,14 @@ used before (0.5 tanh(x / 2) + 0.5, times x), warm and cold (64 MB written betwe
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import numpy as np
 
 from common import machine
-from einsummable.engines import cbuild, kernels, local
-from join_kernels import _as_block, op
+from einsummable.engines import kernels, local
+from join_kernels import _as_block, numpy_path, op
 
 
 def main() -> None:
@@ -38,11 +37,8 @@ def main() -> None:
         np.multiply(out, a, out=out)
         return np.multiply(out, b, out=out)
 
-    os.environ[cbuild.ENV] = "numpy"
-    numpy_path = kernels.prepare.__wrapped__(silu)
-    del os.environ[cbuild.ENV]
-    compiled = kernels.prepare(silu)
-    peers = {"compiled": lambda: compiled([a, b], None), "numpy path": lambda: numpy_path([a, b], None),
+    numpy_kernel, compiled = numpy_path(silu), kernels.prepare(silu)
+    peers = {"compiled": lambda: compiled([a, b], None), "numpy path": lambda: numpy_kernel([a, b], None),
              "numpy, tanh form": tanh_form}
     junk = np.ones(16 << 20, np.float32)
     for cold in (False, True):
