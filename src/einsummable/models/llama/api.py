@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 
 from einsummable.compile import Session, compile
-from einsummable.errors import CheckpointError, ConfigError, FeedError
+from einsummable.errors import CheckpointError, ConfigError, FeedError, ShapeError
 from einsummable.frontend.tensor import Graph
 from einsummable.ir.dtypes import to_numpy
 from einsummable.models.llama import model as llama
 from einsummable.models.llama import tokenizer as tokenizers
 from einsummable.models.llama import weights
 from einsummable.models.llama.config import LlamaConfig
-from einsummable.models.llama.generate import Generator
+from einsummable.models.llama.generate import Generator, check_sampling
 from einsummable.models.llama.tokenizer import Tokenizer, TokenizerFiles
 
 
@@ -47,6 +47,10 @@ class Model:
         """``config``: a ``LlamaConfig`` or a preset name (``llama.PRESETS``: "tiny", "demo",
         "llama-7b", ...). ``params``: the weights by Hugging Face name in this package's layout
         (``weights.load``); without them, random weights from ``init_params(config, seed)``.
+        The model owns its weights: it copies ``params`` (in ``dtype``), so that changing the
+        caller's arrays later changes neither its logits nor what ``save`` writes, and its own
+        ``model.params`` are read-only (the workers hold them once the first call ran); a
+        checkpoint read by ``from_pretrained`` is fresh already and is not copied again.
         ``dtype``: "f32" or "bf16" for the weights. ``tokenizer``: the directory whose tokenizer
         files ``generate`` uses and ``save`` copies, or "bytes" for a byte-level model."""
         if isinstance(config, str):
@@ -58,11 +62,12 @@ class Model:
             raise ConfigError(f"config must be a LlamaConfig or a preset name, got {type(config).__name__}")
         if dtype not in ("f32", "bf16"):
             raise ConfigError(f"dtype {dtype!r}: a Llama's weights are 'f32' or 'bf16'")
+        fresh = params is None or isinstance(params, _Fresh)  # arrays no one else holds: kept, not copied
         params = llama.init_params(config, seed) if params is None else params
         _check_params(config, params)
         self.config = config
         self.dtype = dtype
-        self.params = {name: np.asarray(w).astype(to_numpy(dtype), copy=False) for name, w in params.items()}
+        self.params = {name: _own(w, dtype, fresh) for name, w in params.items()}
         if tokenizer is not None and tokenizer != tokenizers.BYTES and not Path(tokenizer).is_dir():
             raise CheckpointError(f"tokenizer {str(tokenizer)!r}: expected a model directory or 'bytes'")
         self.tokenizer_files = TokenizerFiles.read(tokenizer)  # read now: the source may change later
@@ -87,7 +92,7 @@ class Model:
             raise CheckpointError(f"{path}: not a directory; from_pretrained reads a model directory "
                                   "with config.json and model.safetensors")
         cfg, params = weights.load(path, dtype)
-        return cls(cfg, params, dtype=dtype, tokenizer=path, engine=engine, workers=workers)
+        return cls(cfg, _Fresh(params), dtype=dtype, tokenizer=path, engine=engine, workers=workers)
 
     # ------------------------------------------------------------ logits
 
@@ -166,8 +171,7 @@ class Model:
             model.generate("Once upon a time", max_new_tokens=20, temperature=0.8)
             model.generate([[1, 2, 3], [4, 5]], max_new_tokens=5)   # [[1, 2, 3, ...], [4, 5, ...]]
         """
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
-            raise FeedError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        check_sampling(max_new_tokens, temperature, top_p, () if stop_tokens is None else stop_tokens, seed)
         text = isinstance(prompt, str)
         prompts, batched = self._prompts(prompt)
         if stop_tokens is None:
@@ -185,12 +189,19 @@ class Model:
         """The prompts as lists of ids, and whether ``prompt`` was a batch of them."""
         if isinstance(prompt, str):
             return [self.tokenizer.encode(prompt)], False
-        if isinstance(prompt, np.ndarray):
-            return [row.tolist() for row in self._tokens(prompt)], prompt.ndim == 2
-        rows = isinstance(prompt, Sequence) and len(prompt) > 0
-        if rows and all(isinstance(p, Sequence | np.ndarray) for p in prompt):
+        rank = _rank(prompt)
+        if rank == 1:
+            return [self._tokens(prompt).ravel().tolist()], False
+        if rank == 2 and isinstance(prompt, np.ndarray):
+            return [row.tolist() for row in self._tokens(prompt)], True
+        if rank == 2:
             return [self._tokens(p).ravel().tolist() for p in prompt], True  # rows of any lengths
-        return [self._tokens(prompt).ravel().tolist()], False
+        try:
+            shape = str(np.shape(prompt))
+        except ValueError:  # unevenly nested lists
+            shape = "that nests unevenly"
+        raise ShapeError(f"prompt has shape {shape}; expected [seq] or [batch, seq] token ids (a batch's "
+                         "rows may differ in length as lists), or text")
 
     def _eos(self, text: bool) -> list[int]:
         """The end-of-sequence ids: the tokenizer's when it is in use, else config.json's."""
@@ -218,6 +229,30 @@ class Model:
         return (f"Model({self.num_parameters / 1e6:,.1f}M parameters: {c.num_hidden_layers} layers, hidden "
                 f"{c.hidden_size}, {c.num_attention_heads} heads ({c.num_key_value_heads} kv), vocab "
                 f"{c.vocab_size}, {self.dtype})")
+
+
+def _rank(x: object) -> int | None:
+    """How deeply ``x`` nests: an array's ndim, a list one more than its items (a list of
+    ids: 1), a number or text 0; None when its items nest to different depths."""
+    if isinstance(x, np.ndarray):
+        return x.ndim
+    if isinstance(x, str) or not isinstance(x, Sequence):
+        return 0
+    ranks = {_rank(item) for item in x}
+    if None in ranks or len(ranks) > 1:
+        return None
+    return 1 + (ranks.pop() if ranks else 0)
+
+
+class _Fresh(dict):
+    """Weights just read from a checkpoint, in the model's dtype: no caller holds them."""
+
+
+def _own(w: object, dtype: str, fresh: bool) -> np.ndarray:
+    """``w`` in ``dtype``, copied unless ``fresh`` (one copy when the dtype changes too), read-only."""
+    owned = np.asarray(w).astype(to_numpy(dtype), copy=not fresh)
+    owned.flags.writeable = False
+    return owned
 
 
 def _check_params(cfg: LlamaConfig, params: dict[str, np.ndarray]) -> None:

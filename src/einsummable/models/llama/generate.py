@@ -25,12 +25,13 @@ the cache from numpy arrays (the baseline the benchmark compares against).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from einsummable.compile import Program, Session, compile
-from einsummable.errors import EinsummableError
+from einsummable.errors import EinsummableError, FeedError
 from einsummable.frontend import builders
 from einsummable.frontend.tensor import Graph, Tensor, elementwise
 from einsummable.frontend.tensor_extras import argmax
@@ -190,6 +191,8 @@ class Generator:
 
         A row stops after its first stop token (which it keeps) or after max_new_tokens.
         """
+        max_new_tokens, temperature, top_p, stop_tokens, seed = check_sampling(
+            max_new_tokens, temperature, top_p, stop_tokens, seed)
         tokens, pads = self._pad(prompts)
         rng = np.random.default_rng(seed)
         greedy = temperature <= 0
@@ -274,6 +277,38 @@ class Generator:
         for i, (k, v) in enumerate(cache):
             k[:, filled], v[:, filled] = out[f"k{i}"][:, 0], out[f"v{i}"][:, 0]
         return _with_next(out, greedy)
+
+
+def check_sampling(max_new_tokens: object, temperature: object, top_p: object, stop_tokens: object,
+                   seed: object) -> tuple[int, float, float, tuple[int, ...], int]:
+    """The sampling arguments as Python numbers, checked once for every entry point
+    (``Model.generate``, ``Generator.generate``, and through it the CLI's ``generate``): a
+    FeedError names the argument, its value and what it accepts, rather than numpy failing
+    later, or a value such as top_p 0 going unnoticed while decoding is greedy."""
+    stops = stop_tokens.tolist() if isinstance(stop_tokens, np.ndarray) else stop_tokens
+    checks = [
+        ("max_new_tokens", max_new_tokens, "an integer >= 1",
+         _is_int(max_new_tokens) and max_new_tokens >= 1),
+        ("temperature", temperature, "a finite number >= 0", _is_real(temperature) and temperature >= 0),
+        ("top_p", top_p, "a number in (0, 1]", _is_real(top_p) and 0 < top_p <= 1),
+        ("stop_tokens", stop_tokens, "a list of token ids (integers >= 0)",
+         isinstance(stops, Sequence) and not isinstance(stops, str | bytes)
+         and all(_is_int(t) and t >= 0 for t in stops)),
+        ("seed", seed, "an integer >= 0", _is_int(seed) and seed >= 0),
+    ]
+    for name, value, accepted, ok in checks:
+        if not ok:
+            raise FeedError(f"{name} must be {accepted}, got {value!r}")
+    return int(max_new_tokens), float(temperature), float(top_p), tuple(int(t) for t in stops), int(seed)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int | np.integer) and not isinstance(x, bool)
+
+
+def _is_real(x: object) -> bool:
+    number = isinstance(x, int | float | np.integer | np.floating) and not isinstance(x, bool)
+    return number and math.isfinite(x)
 
 
 def _fetched(greedy: bool) -> str:
