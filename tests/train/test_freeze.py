@@ -135,7 +135,7 @@ def test_lora_checkpoint_is_peft_s_layout_and_resumes_the_same_curve(tmp_path):
     ({"freeze": ("*",)}, "freeze every trainable parameter"),
     ({"lora_rank": 2, "freeze": ("*lora_*",)}, "freeze every trainable parameter"),
     ({"lora_rank": 2, "lora_targets": ("qkv",)}, "unknown LoRA target 'qkv'"),
-    ({"lora_rank": 2, "lora_alpha": 0.0}, "alpha must be a number > 0"),
+    ({"lora_rank": 2, "lora_alpha": 0.0}, "lora_alpha must be a finite number > 0"),
     ({"lora_rank": -1}, "'lora_rank' must be int >= 0"),
 ])
 def test_bad_freeze_and_lora_settings_are_named(settings, message):

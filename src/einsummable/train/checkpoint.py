@@ -11,7 +11,10 @@ Face layout; a LoRA run's holds PEFT's ``adapter_config.json`` and
 
 ``files`` is the manifest: resume refuses a directory whose files are not the ones
 saved with that step. ``data`` says what the run trained on, so a resume without
-data reads the same file and notices when it has changed.
+data reads the same file and notices when it has changed. A LoRA run's also has
+``base``, its base model's directory and the digests of the files a load reads from
+it (``{"path": "/abs/base", "files": {"config.json": {...}, ...}}``): the adapters
+mean nothing on other base weights, so resume refuses a base changed since the save.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import numpy as np
 
 from einsummable.errors import CheckpointError
 from einsummable.models import atomic
+from einsummable.models.llama import weights
 
 META = "trainer.json"
 FILES = ("config.json", "model.safetensors", "optimizer.safetensors")
@@ -39,11 +43,33 @@ def data_digest(data: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(data)).hexdigest()
 
 
+def base_record(directory: str) -> dict:
+    """A base model's identity: its directory and the digest of each file a load reads."""
+    paths = {name: Path(directory) / name for name in weights.files(directory)}
+    files = {name: _digest(path) for name, path in paths.items() if path.is_file()}
+    return {"path": directory, "files": files}
+
+
+def check_base(where: Path, recorded: dict, directory: str) -> dict:
+    """The record of the base in ``directory`` now, if it is the one ``where`` recorded."""
+    now = base_record(directory)
+    if now["files"] != recorded["files"]:
+        names = set(now["files"]) | set(recorded["files"])
+        changed = sorted(n for n in names if now["files"].get(n) != recorded["files"].get(n))
+        raise CheckpointError(f"the base model {directory} has changed since the checkpoint {where} was "
+                              f"saved ({', '.join(changed)} differ from the files it recorded): the adapters "
+                              "were trained on the base as it was; restore it to resume")
+    return now
+
+
 def write(directory: Path, step: int, train: dict, losses: list[float], data: dict,
-          names: tuple[str, ...] = FILES) -> None:
-    """Write trainer.json into ``directory`` once the other files (``names``) are there (it lists them)."""
+          names: tuple[str, ...] = FILES, base: dict | None = None) -> None:
+    """Write trainer.json into ``directory`` once the other files (``names``) are there (it lists them);
+    ``base``: a LoRA run's ``base_record``."""
     files = {name: _digest(directory / name) for name in names}
     meta = {"step": step, "train": train, "losses": losses, "data": data, "files": files}
+    if base is not None:
+        meta["base"] = base
     (directory / META).write_text(json.dumps(meta, indent=2))
 
 
@@ -90,7 +116,7 @@ def _check_meta(path: Path, meta: object) -> None:
     """Every field present, known and of its type; the error names the file and the field."""
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(meta).__name__}")
-    _keys(path, "", meta, {"step", "train", "losses", "data", "files"})
+    _keys(path, "", meta, {"step", "train", "losses", "data", "files"}, optional={"base"})
     step = meta["step"]
     if not _is_int(step) or step < 0:
         raise CheckpointError(f"{path}: 'step' must be a non-negative integer, got {step!r}")
@@ -113,19 +139,33 @@ def _check_meta(path: Path, meta: object) -> None:
     if not isinstance(files, dict):
         raise CheckpointError(f"{path}: 'files' must be an object, got {files!r}")
     _keys(path, "files.", files, set(ADAPTER_FILES if "adapter_config.json" in files else FILES))
+    _check_digests(path, "files.", files)
+    base = meta.get("base")
+    if base is not None:
+        if not isinstance(base, dict):
+            raise CheckpointError(f"{path}: 'base' must be an object, got {base!r}")
+        _keys(path, "base.", base, {"path", "files"})
+        if not isinstance(base["path"], str) or not isinstance(base["files"], dict):
+            raise CheckpointError(f"{path}: 'base' must hold a 'path' and an object of 'files', got {base!r}")
+        _check_digests(path, "base.files.", base["files"])
+
+
+def _check_digests(path: Path, prefix: str, files: dict) -> None:
     for name, entry in files.items():
         if not isinstance(entry, dict):
-            raise CheckpointError(f"{path}: 'files.{name}' must be an object, got {entry!r}")
-        _keys(path, f"files.{name}.", entry, {"bytes", "sha256"})
+            raise CheckpointError(f"{path}: '{prefix}{name}' must be an object, got {entry!r}")
+        _keys(path, f"{prefix}{name}.", entry, {"bytes", "sha256"})
         if not _is_int(entry["bytes"]) or not _is_digest(entry["sha256"]):
-            raise CheckpointError(f"{path}: 'files.{name}' must hold an integer 'bytes' and a sha256 digest, "
-                                  f"got {entry!r}")
+            raise CheckpointError(f"{path}: '{prefix}{name}' must hold an integer 'bytes' and a sha256 "
+                                  f"digest, got {entry!r}")
 
 
-def _keys(path: Path, prefix: str, values: dict, expected: set[str]) -> None:
-    unknown = sorted(set(values) - expected)
+def _keys(path: Path, prefix: str, values: dict, expected: set[str], optional: frozenset[str] = frozenset()
+          ) -> None:
+    unknown = sorted(set(values) - expected - optional)
     if unknown:
-        raise CheckpointError(f"{path}: unknown field {prefix}{unknown[0]!s}; expected {sorted(expected)}")
+        known = sorted(expected | optional)
+        raise CheckpointError(f"{path}: unknown field {prefix}{unknown[0]!s}; expected {known}")
     missing = sorted(expected - set(values))
     if missing:
         raise CheckpointError(f"{path}: field {prefix}{missing[0]} is missing")

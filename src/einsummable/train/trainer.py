@@ -79,7 +79,7 @@ class TrainConfig:
             if not _SETTING[f.type](value) or (f.name in _AT_LEAST and value < _AT_LEAST[f.name]):
                 least = f" >= {_AT_LEAST[f.name]}" if f.name in _AT_LEAST else ""
                 raise EinsummableError(f"training setting {f.name!r} must be {f.type}{least}, got {value!r}")
-        adapters.check_targets(self.lora_targets)
+        adapters.check_targets(self.lora_targets, "lora_targets")
         if self.lora_rank:
             adapters.LoraConfig(self.lora_rank, self.lora_alpha, self.lora_targets)  # checks alpha
 
@@ -142,18 +142,23 @@ class Trainer:
                  data: np.ndarray, *, engine: str | None = None, workers: int | None = None,
                  opt_state: dict[str, np.ndarray] | None = None, step: int = 0,
                  data_source: str | None = None, tokenizer: str | Path | TokenizerFiles | None = None,
-                 base_model: str | Path | None = None) -> None:
+                 base_model: str | Path | None = None, base_record: dict | None = None) -> None:
         """``data_source`` (a path, or ``BUNDLED``) is saved so that a resume can find the data.
         ``tokenizer`` (the model directory the weights came from, or ``"bytes"`` for a
         byte-level model) gives the tokenizer files and special-token ids every save writes.
         With ``cfg.lora_rank``, ``params`` are the base weights (adapters, if absent, start
-        as PEFT's) and ``base_model`` is their directory, which the saved adapters name."""
+        as PEFT's) and ``base_model`` is their directory, which the saved adapters name; its
+        files' digests are taken now (``base_record``: already taken, by ``resume``), and every
+        save records them, so that a resume notices a base replaced since."""
         check_class_ids("the training data", np.asarray(data), model.vocab_size, "token ids")
         self.model, self.cfg, self.data, self.step = model, cfg, data, step
         self.data_record = checkpoint.data_record(data, data_source)
         files = tokenizer if isinstance(tokenizer, TokenizerFiles) else TokenizerFiles.read(tokenizer)
         self.tokenizer = files  # read now: the source may be replaced later
         self.base_model = str(Path(base_model).resolve()) if base_model is not None else None
+        if base_record is None and self.base_model is not None and cfg.lora is not None:
+            base_record = checkpoint.base_record(self.base_model)
+        self.base_record = base_record
         options = {"engine": engine, "workers": workers}
         residuals: list = []
         dtypes = {str(np.asarray(w).dtype) for w in params.values()}
@@ -288,7 +293,8 @@ class Trainer:
                 names = checkpoint.ADAPTER_FILES
             state = {s.name: everything[s.name] for s in self.update.state}
             safetensors_io.save(state, fresh / "optimizer.safetensors")
-            checkpoint.write(fresh, self.step, asdict(self.cfg), self.losses, self.data_record, names)
+            checkpoint.write(fresh, self.step, asdict(self.cfg), self.losses, self.data_record, names,
+                             self.base_record)
 
     def save_merged(self, directory: str | Path) -> None:
         """The model as trained, adapters folded into their weights (``W + (alpha / r) B A``),
@@ -320,9 +326,9 @@ class Trainer:
         bf16 = any(name.endswith(".master") for name in opt_state)  # a bf16 run keeps f32 masters
         dtype = "bf16" if bf16 else "f32"
         tokenizer: Path | TokenizerFiles = directory
-        base = None
+        base = record = None
         if (directory / adapters.CONFIG).is_file():
-            model, params, base = _load_adapters(directory, cfg, dtype)
+            model, params, base, record = _load_adapters(directory, cfg, dtype, meta.get("base"))
             # the tokenizer files travel with the adapters; the special-token ids are the base's
             tokenizer = TokenizerFiles(TokenizerFiles.read(directory).files, TokenizerFiles.read(base).config)
         else:
@@ -332,7 +338,8 @@ class Trainer:
             raise CheckpointError(f"{directory / 'optimizer.safetensors'} is at step {float(saved):g} but "
                                   f"{where} says {meta['step']}: the files come from different saves")
         trainer = cls(model, params, cfg, data, opt_state=opt_state, step=meta["step"],
-                      data_source=data_source, tokenizer=tokenizer, base_model=base, **options)
+                      data_source=data_source, tokenizer=tokenizer, base_model=base, base_record=record,
+                      **options)
         trainer.losses = list(meta["losses"])
         return trainer
 
@@ -355,9 +362,11 @@ def _trainable(p: dict, params: dict[str, np.ndarray], cfg: TrainConfig) -> tupl
     return trainable
 
 
-def _load_adapters(directory: Path, cfg: TrainConfig, dtype: str
-                   ) -> tuple[LlamaConfig, dict[str, np.ndarray], str]:
-    """A LoRA checkpoint's base weights (from the directory its adapter_config.json names) and adapters."""
+def _load_adapters(directory: Path, cfg: TrainConfig, dtype: str, recorded: dict | None
+                   ) -> tuple[LlamaConfig, dict[str, np.ndarray], str, dict | None]:
+    """A LoRA checkpoint's base weights (from the directory its adapter_config.json names), its
+    adapters, and the base's record: checked against ``recorded`` (trainer.json's ``base``; a
+    checkpoint saved before bases were recorded has none) before the weights are read."""
     adapter_cfg, base = adapters.read_config(directory)
     if adapter_cfg != cfg.lora:
         raise CheckpointError(f"{directory / adapters.CONFIG} says {adapter_cfg} but "
@@ -365,8 +374,9 @@ def _load_adapters(directory: Path, cfg: TrainConfig, dtype: str
     if base is None or not Path(base).is_dir():
         raise CheckpointError(f"{directory / adapters.CONFIG}: base_model_name_or_path {base!r} is not the "
                               "directory of the base model the adapters were trained on")
+    record = checkpoint.check_base(directory, recorded, base) if recorded is not None else None
     model, params = weights.load(base, dtype)
-    return model, params | adapters.load(directory, model, adapter_cfg, dtype), base
+    return model, params | adapters.load(directory, model, adapter_cfg, dtype), base, record
 
 
 def _data_tokenizer(directory: Path) -> Tokenizer | None:

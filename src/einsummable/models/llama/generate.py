@@ -37,6 +37,8 @@ from einsummable.frontend.tensor import Graph, Tensor, elementwise
 from einsummable.frontend.tensor_extras import argmax
 from einsummable.hardware.cluster import Cluster
 from einsummable.models.llama import model as llama
+from einsummable.models.llama.lora import LoraConfig
+from einsummable.models.llama.lora import shapes as lora_shapes
 from einsummable.models.llama.model import LlamaConfig
 
 NEG_INF = -np.inf
@@ -46,13 +48,17 @@ class Generator:
     """Runs a Llama for generation: ``Generator(cfg, params).generate([[1, 2, 3]], 10)``.
 
     ``session``: generate from the weights another session keeps resident (a
-    ``Trainer``'s), bound by name, instead of from ``params``. ``cluster``: plan for it
-    (as ``compile``), e.g. the nodes of a Ray cluster with ``engine="ray"``.
+    ``Trainer``'s), bound by name, instead of from ``params``. ``lora``: the weights hold
+    LoRA adapters of this config, and every projection adds them, as in training (a LoRA
+    trainer's: ``Generator(cfg, session=trainer.session, lora=trainer.cfg.lora)``); weights
+    that hold adapters without it are refused, not generated from as if the base alone.
+    ``cluster``: plan for it (as ``compile``), e.g. the nodes of a Ray cluster with ``engine="ray"``.
     """
 
     def __init__(self, cfg: LlamaConfig, params: dict[str, np.ndarray] | None = None, *,
                  engine: str | None = None, workers: int | None = None, cluster: Cluster | None = None,
-                 session: Session | None = None, resident: bool = True) -> None:
+                 session: Session | None = None, resident: bool = True, lora: LoraConfig | None = None
+                 ) -> None:
         if (params is None) == (session is None):
             raise EinsummableError("Generator takes the weights as params or as a session holding them, "
                                    "exactly one of the two")
@@ -61,9 +67,16 @@ class Generator:
         self.cfg = cfg
         self.params = params
         held = params if params is not None else session.resident.tensors
-        missing = sorted(set(cfg.parameter_shapes()) - set(held))
+        where = "params" if params is not None else "the session's resident state"
+        adapters = sorted(n for n in held if n.endswith((".lora_A.weight", ".lora_B.weight")))
+        if adapters and lora is None:
+            raise EinsummableError(f"{where} hold(s) LoRA adapters ({adapters[0]}, ...): pass their config "
+                                   "as lora= (a Trainer's: lora=trainer.cfg.lora) to generate with them, "
+                                   "or merge them into the weights (lora.merge) first")
+        self.lora = lora
+        want = cfg.parameter_shapes() | (lora_shapes(cfg, lora) if lora is not None else {})
+        missing = sorted(set(want) - set(held))
         if missing:
-            where = "params" if params is not None else "the session's resident state"
             raise EinsummableError(f"{where} lack(s) the weights {missing[:3]}"
                                    f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''}")
         first = held["model.embed_tokens.weight"]
@@ -75,6 +88,10 @@ class Generator:
         self._sessions: dict[tuple, Session] = {}
 
     # ------------------------------------------------------------ programs
+
+    @property
+    def _lora_scale(self) -> float:
+        return self.lora.scale if self.lora is not None else 1.0
 
     def _program(self, key: tuple) -> Program:
         """``key``: ("prefill", batch, tokens, cache length or 0, greedy), ("decode", batch, cache
@@ -120,7 +137,7 @@ class Generator:
 
     def _start(self, batch: int, new: int) -> tuple[Graph, dict[str, Tensor], Tensor, Tensor]:
         g = Graph()
-        p = llama.parameters(g, self.cfg, self.dtype)
+        p = llama.parameters(g, self.cfg, self.dtype, self.lora)
         return g, p, g.input("ids", (batch, new), "i64"), g.input("pos", (batch, new))
 
     def _cache_inputs(self, g: Graph, batch: int, length: int) -> list[tuple[Tensor, Tensor]]:
@@ -141,7 +158,8 @@ class Generator:
 
     def _prefill_graph(self, batch: int, n: int, length: int, greedy: bool) -> Graph:
         g, p, ids, pos = self._start(batch, n)
-        h, new_cache = llama.decoder(self.cfg, p, ids, pos, g.input("mask", (batch, n, n)), None)
+        h, new_cache = llama.decoder(self.cfg, p, ids, pos, g.input("mask", (batch, n, n)), None,
+                                     lora_scale=self._lora_scale)
         self._outputs(g, p, h, greedy)
         for i, (k_new, v_new) in enumerate(new_cache if length else []):
             g.output(f"cache_k{i}", builders.pad(k_new, [(0, 0), (0, length - n)] + [(0, 0)] * 3))
@@ -162,7 +180,8 @@ class Generator:
         # own: one join, not a task per operator
         slots = g.ramp((1, 1, length), (0.0, 0.0, 1.0))
         mask = elementwise("where(x0 <= t, where(x0 >= t - x1, 0.0, -inf), -inf)", slots, pos[:, :, None])
-        h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache, write=write)
+        h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache, lora_scale=self._lora_scale,
+                                     write=write)
         self._outputs(g, p, h, greedy)
         for i, (k, v) in enumerate(new_cache):
             g.output(f"cache_k{i}", k)
@@ -175,7 +194,7 @@ class Generator:
         g, p, ids, pos = self._start(batch, new)
         cache = self._cache_inputs(g, batch, length) if length else None
         mask = g.input("mask", (batch, new, length + new))
-        h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache)
+        h, new_cache = llama.decoder(self.cfg, p, ids, pos, mask, cache, lora_scale=self._lora_scale)
         g.output("logits", llama.lm_head(self.cfg, p, h[:, -1:, :])[:, 0, :])
         for i, (k_new, v_new) in enumerate(new_cache):
             g.output(f"k{i}", k_new)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from einsummable.errors import CheckpointError, EinsummableError
+from einsummable.errors import CheckpointError, ConfigError
 from einsummable.ir.dtypes import to_numpy
 from einsummable.models.llama import safetensors_io
 from einsummable.models.llama.config import LlamaConfig
@@ -47,10 +47,13 @@ class LoraConfig:
     targets: tuple[str, ...] = DEFAULT_TARGETS
 
     def __post_init__(self) -> None:
+        # named as in adapter_config.json (a trainer's lora_rank is r): an infinite alpha or a
+        # fractional rank would give non-finite or misshapen adapters, not an error
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
-            raise EinsummableError(f"LoRA rank must be an int >= 1, got {self.rank!r}")
-        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float) or not self.alpha > 0:
-            raise EinsummableError(f"LoRA alpha must be a number > 0, got {self.alpha!r}")
+            raise ConfigError(f"LoRA r must be an integer >= 1, got {self.rank!r}")
+        number = isinstance(self.alpha, int | float) and not isinstance(self.alpha, bool)
+        if not (number and math.isfinite(self.alpha) and self.alpha > 0):
+            raise ConfigError(f"LoRA lora_alpha must be a finite number > 0, got {self.alpha!r}")
         object.__setattr__(self, "targets", check_targets(self.targets))
 
     @property
@@ -58,16 +61,16 @@ class LoraConfig:
         return self.alpha / self.rank
 
 
-def check_targets(targets: object) -> tuple[str, ...]:
-    """``targets`` in the model's order; a clear error for an unknown, repeated or empty list."""
+def check_targets(targets: object, field: str = "target_modules") -> tuple[str, ...]:
+    """``targets`` in the model's order; a clear error for an unknown, repeated or empty list
+    (``field``: the setting that gave them)."""
     if not isinstance(targets, tuple | list) or not targets:
-        raise EinsummableError(f"LoRA targets must be a non-empty list of {list(TARGETS)}, got {targets!r}")
+        raise ConfigError(f"LoRA {field} must be a non-empty list of {list(TARGETS)}, got {targets!r}")
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
-        raise EinsummableError(f"unknown LoRA target {unknown[0]!r}; the Llama's projections are "
-                               f"{list(TARGETS)}")
+        raise ConfigError(f"unknown LoRA target {unknown[0]!r}; the Llama's projections are {list(TARGETS)}")
     if len(set(targets)) != len(targets):
-        raise EinsummableError(f"LoRA targets {list(targets)} name a projection twice")
+        raise ConfigError(f"LoRA {field} {list(targets)} name a projection twice")
     return tuple(sorted(targets, key=TARGETS.index))
 
 
@@ -160,9 +163,9 @@ def read_config(directory: str | Path) -> tuple[LoraConfig, str | None]:
                               f"supported; list the projections, from {list(TARGETS)}")
     base = config.get("base_model_name_or_path")
     try:
-        lora = LoraConfig(config.get("r"), config.get("lora_alpha"), tuple(targets or ()))
-    except EinsummableError as err:
-        raise CheckpointError(f"{path}: {err}") from None
+        lora = LoraConfig(config.get("r"), config.get("lora_alpha"), () if targets is None else targets)
+    except ConfigError as err:
+        raise ConfigError(f"{path}: {err}") from None
     return lora, base if isinstance(base, str) else None
 
 

@@ -79,6 +79,18 @@ def _read_tensors(model_dir: Path) -> dict[str, np.ndarray]:
     raise CheckpointError(f"{model_dir}: neither model.safetensors nor model.safetensors.index.json")
 
 
+def files(model_dir: str | Path) -> list[str]:
+    """The files a load reads, by name in ``model_dir``: config.json, then model.safetensors
+    or the shard index and its shards."""
+    model_dir = Path(model_dir)
+    index = model_dir / "model.safetensors.index.json"
+    if (model_dir / "model.safetensors").exists() or not index.exists():
+        return ["config.json", "model.safetensors"]
+    shards = sorted(set(_weight_map(index).values()))
+    return ["config.json", index.name, *(str(_inside(model_dir, shard, index).relative_to(model_dir))
+                                         for shard in shards)]
+
+
 def _weight_map(index: Path) -> dict[str, str]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
