@@ -12,13 +12,14 @@ import pytest
 
 from einsummable import cli
 from einsummable.errors import CheckpointError, ConfigError, EinsummableError
-from einsummable.models.llama import lora, weights
+from einsummable.models.llama import lora, safetensors_io, weights
 from einsummable.models.llama.data import corpus
 from einsummable.models.llama.generate import Generator
 from einsummable.models.llama.model import LlamaConfig, init_params
+from einsummable.train import checkpoint
 from einsummable.train.trainer import TrainConfig, Trainer
 
-CFG = LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+CFG = LlamaConfig(vocab_size=256, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
                   num_attention_heads=2, num_key_value_heads=1)
 BASE = {"batch": 2, "seq": 5, "steps": 4, "lr": 1e-2, "min_lr": 1e-3, "warmup": 1}
 LORA = {"lora_rank": 2, "lora_alpha": 8.0, "lora_targets": ("q_proj", "v_proj", "down_proj")}
@@ -112,3 +113,22 @@ def test_lora_configs_built_in_python_and_from_the_command_line_are_checked(tmp_
             "--lora-rank", "2", "--engine", "reference"]
     assert cli.main([*args, "--lora-alpha", "inf"]) == 2
     assert "lora_alpha" in capsys.readouterr().err
+
+
+def test_a_sharded_bases_record_covers_its_index_and_every_shard(tmp_path):
+    weights.save(tmp_path, CFG, init_params(CFG, seed=1))
+    tensors = {k: np.array(v) for k, v in safetensors_io.load(tmp_path / "model.safetensors").items()}
+    (tmp_path / "model.safetensors").unlink()
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in shards.items():
+        safetensors_io.save({k: tensors[k] for k in keys}, tmp_path / shard)
+    index = {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    record = checkpoint.base_record(str(tmp_path))
+    assert sorted(record["files"]) == sorted(["config.json", "model.safetensors.index.json", *shards])
+    last = names[1]
+    safetensors_io.save({k: tensors[k] * (2 if k == last else 1) for k in shards[
+        "model-00002-of-00002.safetensors"]}, tmp_path / "model-00002-of-00002.safetensors")
+    with pytest.raises(CheckpointError, match=r"changed since .*\(model-00002-of-00002\.safetensors differ"):
+        checkpoint.check_base(tmp_path / "ck", record, str(tmp_path))
