@@ -151,3 +151,22 @@ def test_workers_allocate_from_one_heap_whatever_threads_ran_before():
     done = subprocess.run([sys.executable, "-c", _ONE_ARENA], capture_output=True, text=True, env=env,
                           timeout=120, check=True)
     assert re.findall(r"^Arena \d+:", done.stderr, re.M) == ["Arena 0:"]
+
+
+def _double():
+    g = es.Graph()
+    x = g.input("x", (8, 4))
+    g.output("y", x * 2.0)
+    return g
+
+
+def test_a_local_run_refuses_more_threads_than_it_may_start(monkeypatch):
+    """One thread per worker: a cluster of a million cores used to compile, then build their state."""
+    with pytest.raises(EngineError, match=r"1,025 worker threads .* at most 1,024 .*local\.MAX_THREADS"):
+        es.compile(_double(), cluster=Cluster(cores=1025))
+    es.compile(_double(), cluster=Cluster(cores=1025), engine="simulate")  # the simulator starts no threads
+    monkeypatch.setattr(local, "MAX_THREADS", 4)  # what the message says to change
+    with pytest.raises(EngineError, match="5 worker threads"):
+        es.compile(_double(), workers=5)
+    x = np.ones((8, 4), np.float32)
+    np.testing.assert_array_equal(es.compile(_double(), workers=4).run({"x": x})["y"], 2 * x)

@@ -203,7 +203,7 @@ def test_the_cluster_round_trips_through_json(tmp_path):
     cluster.to_json(tmp_path / "c.json")
     assert es.Cluster.from_json(tmp_path / "c.json") == cluster
     (tmp_path / "bad.json").write_text('{"machines": 2, "nics": 3}')
-    with pytest.raises(es.PlanError, match="nics"):
+    with pytest.raises(es.ConfigError, match="nics"):
         es.Cluster.from_json(tmp_path / "bad.json")
 
 

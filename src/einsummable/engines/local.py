@@ -31,6 +31,7 @@ from threadpoolctl import ThreadpoolController
 from einsummable.engines import donation, epilogue, kernels, native, reference_kernel, rowfuse, scheduler
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
+from einsummable.errors import EngineError
 from einsummable.ir import priority
 from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
@@ -46,6 +47,9 @@ from einsummable.lower.taskgraph import (
 from einsummable.progress import Progress
 
 SHOW_PROGRESS_AFTER = 2.0  # seconds
+# The most workers (threads) one local run starts: a plan for more is a typo or meant for a
+# cluster (simulate it); raise it here, einsummable.engines.local.MAX_THREADS, if you mean it.
+MAX_THREADS = 1024
 _BLAS: ThreadpoolController | None = None  # found once: a rescan of the loaded libraries costs ~1 ms
 
 
@@ -257,6 +261,11 @@ class LocalProgram:
     """A TaskGraph made ready to run many times: kernels chosen and priorities ranked once."""
 
     def __init__(self, tg: TaskGraph) -> None:
+        if tg.workers > MAX_THREADS:
+            raise EngineError(
+                f"the plan has {tg.workers:,} worker threads for the local engine, which runs at most "
+                f"{MAX_THREADS:,} in one process; plan for fewer workers, use engine='simulate' to "
+                "model a larger cluster, or raise einsummable.engines.local.MAX_THREADS")
         self.tg = tg
         tasks = tg.tasks
         self.location = [t.loc for t in tasks]

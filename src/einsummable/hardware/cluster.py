@@ -23,15 +23,25 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
-from einsummable.errors import PlanError
+from einsummable.errors import ConfigError, PlanError
 
 # A kernel task's dispatch when a lone worker runs inline, without threads (scheduler.run_in_order):
 # measured here 5 us a tiny task, against 19-27 us a worker's task with 2 threads handing off.
 INLINE_TASK_OVERHEAD = 5e-6
+# The largest cluster this model describes: beyond it planning takes hours and a plan's
+# per-worker arrays gigabytes, so a typo (machines=10**30) is refused instead of planned.
+MAX_MACHINES = 65_536
+MAX_CORES = 65_536  # per machine (the planner views a cluster as one machine of a core per machine)
+MAX_WORKERS = 2**22  # machines x cores: the plan keeps arrays over every core (32 MiB each here)
+_COUNTS = {"machines": MAX_MACHINES, "cores": MAX_CORES, "blas_threads": MAX_CORES}  # BLAS: a worker alone
+# figures that may be 0 (a latency, an overhead, no minimum block); the others must be > 0
+_MAY_BE_ZERO = {"min_block_seconds", "elementwise_node_cost", "latency_within", "latency_across",
+                "overhead_across", "task_overhead", "view_overhead", "driver_latency"}
 
 
 @dataclass(frozen=True)
@@ -63,20 +73,17 @@ class Cluster:
     driver_bandwidth: float = math.inf
 
     def __post_init__(self) -> None:
-        for name in ("machines", "cores", "blas_threads"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise PlanError(f"Cluster {name} must be a positive integer, got {value!r}")
-        for name in ("flops_per_core", "bandwidth_within", "bandwidth_across", "elementwise_flops_per_core",
-                     "copy_bandwidth", "memory_per_machine", "driver_bandwidth"):
-            if not getattr(self, name) > 0:
-                raise PlanError(f"Cluster {name} must be positive, got {getattr(self, name)!r}")
-        if self.min_block_seconds < 0:
-            raise PlanError(f"Cluster min_block_seconds must be >= 0, got {self.min_block_seconds!r}")
-        for name in ("latency_within", "latency_across", "overhead_across", "task_overhead",
-                     "view_overhead", "driver_latency", "elementwise_node_cost"):
-            if not getattr(self, name) >= 0:
-                raise PlanError(f"Cluster {name} must be >= 0, got {getattr(self, name)!r}")
+        """Type and range of every field, so a bad figure fails here, not in the planner or a run;
+        numpy numbers become plain ones (``to_json`` writes them)."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in _COUNTS:
+                object.__setattr__(self, f.name, _count(f.name, value))
+            else:
+                object.__setattr__(self, f.name, _figure(f.name, value))
+        if self.workers > MAX_WORKERS:
+            raise PlanError(f"Cluster of {self.machines:,} machines x {self.cores:,} cores is "
+                            f"{self.workers:,} workers; Einsummable plans for at most {MAX_WORKERS:,}")
 
     @staticmethod
     def measure(machines: int = 1, cores: int | None = None, blas_threads: int | None = None) -> Cluster:
@@ -98,12 +105,30 @@ class Cluster:
 
     @staticmethod
     def from_json(path: str | Path) -> Cluster:
-        values = json.loads(Path(path).read_text())
+        """A cluster file (``to_json``, ``einsummable calibrate``); ConfigError names the file and
+        what is wrong with it, in one line."""
+        where = f"cluster file {str(path)!r}"
+        try:
+            values = json.loads(Path(path).read_bytes().decode("utf-8"))
+        except FileNotFoundError as err:
+            raise ConfigError(f"{where}: no such file") from err
+        except OSError as err:
+            raise ConfigError(f"{where}: cannot be read ({err.strerror or err})") from err
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{where}: not UTF-8 text (byte {err.start})") from err
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{where}: not valid JSON: {err}") from err
+        if not isinstance(values, dict):
+            kind = "null" if values is None else f"a {type(values).__name__}"
+            raise ConfigError(f"{where}: must hold a JSON object of cluster fields, got {kind}")
         known = {f.name for f in fields(Cluster)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise PlanError(f"{path}: unknown cluster fields {unknown}; known: {sorted(known)}")
-        return Cluster(**values)
+            raise ConfigError(f"{where}: unknown cluster fields {unknown}; known: {sorted(known)}")
+        try:
+            return Cluster(**values)
+        except PlanError as err:
+            raise ConfigError(f"{where}: {err}") from err
 
     @classmethod
     def from_ray(cls, address: str | None = None, **hardware: float) -> Cluster:
@@ -134,7 +159,7 @@ class Cluster:
     def alone(self) -> Cluster:
         """One worker alone in its process on one of these machines, as the engines run it: its
         BLAS gets the machine's cores and it runs its tasks inline, without threads handing off."""
-        return replace(self, machines=1, cores=1, blas_threads=self.cores * self.blas_threads,
+        return replace(self, machines=1, cores=1, blas_threads=min(self.cores * self.blas_threads, MAX_CORES),
                        task_overhead=min(self.task_overhead, INLINE_TASK_OVERHEAD))
 
     @property
@@ -162,6 +187,29 @@ class Cluster:
 
     def __str__(self) -> str:
         return f"{self.machines} machine(s) × {self.cores} core(s)"
+
+
+def _count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise PlanError(f"Cluster {name} must be a positive integer, got {value!r}")
+    if value > _COUNTS[name]:
+        raise PlanError(f"Cluster {name} must be at most {_COUNTS[name]:,} (the largest cluster "
+                        f"Einsummable plans for), got {value:,}")
+    return int(value)
+
+
+def _figure(name: str, value: object) -> int | float:
+    """A rate, size or time: a finite number, > 0 (>= 0 for those in _MAY_BE_ZERO);
+    ``driver_bandwidth`` may be inf: the driver shares the workers' memory."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise PlanError(f"Cluster {name} must be a number, got {value!r}")
+    if name in _MAY_BE_ZERO and not value >= 0:
+        raise PlanError(f"Cluster {name} must be >= 0, got {float(value)!r}")
+    if name not in _MAY_BE_ZERO and not value > 0:
+        raise PlanError(f"Cluster {name} must be positive, got {float(value)!r}")
+    if math.isinf(value) and name != "driver_bandwidth":
+        raise PlanError(f"Cluster {name} must be finite, got {float(value)!r}")
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _available_cores() -> int:

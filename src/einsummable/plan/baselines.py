@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Sequence
 
 from einsummable.ir.graph import EinGraph, InputNode
+from einsummable.plan.cost import divisors
 from einsummable.plan.space import Space
 
 Counts = tuple[int, ...]
@@ -117,7 +118,7 @@ def data_dims(g: EinGraph, spaces: Sequence[Space], batch_only: bool = False) ->
 
 
 def _largest_divisor(p: int, limit: int) -> int:
-    return max(d for d in range(1, p + 1) if p % d == 0 and d <= limit)
+    return max(d for d in divisors(p) if d <= limit)
 
 
 def _split_many(sp: Space, dims: Sequence[int], p: int) -> Counts:
@@ -134,7 +135,7 @@ def _split(sp: Space, dim: int | None, p: int) -> Counts:
     """As much of p as ``dim`` holds (a divisor of p), the rest shared uniformly."""
     counts = [1] * len(sp.shape)
     if dim is not None and sp.splittable[dim]:
-        counts[dim] = max(d for d in range(1, p + 1) if p % d == 0 and d <= sp.shape[dim])
+        counts[dim] = _largest_divisor(p, sp.shape[dim])
     return _uniform(sp, p // counts[dim] if dim is not None else p, counts)
 
 

@@ -42,7 +42,9 @@ PARTIAL_PREMIUM = 1.001
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending: trial division up to sqrt(n), each small one giving its pair."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 @functools.lru_cache(maxsize=65536)
