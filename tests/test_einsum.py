@@ -162,6 +162,25 @@ def test_missing_aggregation_is_an_error():
         es.einsum("ij,jk->ik", a, b, join="exp(x0 - x1)")
 
 
+@pytest.mark.parametrize(("spec", "shapes", "summed"), [
+    ("ij,jk->ik", [(2, 3), (3, 4)], "j"),
+    ("xy,yz", [(2, 3), (3, 4)], "y"),  # implicit output
+    ("pq->", [(2, 3)], "pq"),
+    ("...ij,jk->...ik", [(5, 2, 3), (3, 4)], "j"),
+    ("zz->", [(3, 3)], "z"),  # a diagonal, summed
+])
+def test_missing_aggregation_names_the_users_spec_and_letters(spec, shapes, summed):
+    """The op renames letters (ij,jk->ik became ac,cb->ab in the message); say what the user wrote."""
+    g = es.Graph()
+    ts = [g.input(f"t{k}", shape) for k, shape in enumerate(shapes)]
+    join = "x0 + x1" if len(ts) == 2 else "exp(x0)"
+    with pytest.raises(SpecError) as info:
+        es.einsum(spec, *ts, join=join)
+    message = str(info.value)
+    assert f"einsum {spec!r} sums out {summed!r}" in message
+    assert "agg='add'" in message and "ac,cb" not in message
+
+
 def test_join_arity_mismatch_is_an_error():
     g = es.Graph()
     a = g.input("a", (2, 3))

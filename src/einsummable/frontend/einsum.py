@@ -40,6 +40,10 @@ def einsum(spec: str, *operands: Tensor, join: str | Expr | None = None, agg: st
         expr = PRODUCT if len(operands) == 2 else IDENTITY
         if len(operands) > 2:
             raise SpecError(f"einsum {spec!r} with agg={agg!r} over {len(operands)} operands needs a join")
+    summed = "".join(dict.fromkeys(ch for term in terms for ch in term if ch not in out))
+    if agg is None and summed and expr not in (PRODUCT, IDENTITY):  # here, in the user's letters
+        raise SpecError(f"einsum {spec!r} sums out {summed!r} but no agg was given; "
+                        "pass agg='add' (or mul, min, max)")
     return _single(list(operands), list(terms), out, sizes, expr, agg)
 
 
