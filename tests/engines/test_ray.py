@@ -147,6 +147,18 @@ def test_a_second_program_reuses_the_actors(two_nodes):
     assert [x._actor_id for x in a.actors] == [x._actor_id for x in b.actors]
 
 
+def _kill(actor) -> None:
+    """Kill a machine's actor and wait until Ray knows it is dead (ray.kill does not wait)."""
+    ray.kill(actor, no_restart=True)
+    for _ in range(600):
+        try:
+            ray.get(actor.__ray_call__.remote(lambda self: None), timeout=60)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    pytest.fail("the killed actor still answers")
+
+
 def test_a_new_program_after_an_actor_died_restarts_it(two_nodes):
     """A dead actor's handle stays cached for reuse: a new program must notice and replace it
     (it used to fail at once with "could not start the Ray workers within 120 s")."""
@@ -154,15 +166,7 @@ def test_a_new_program_after_an_actor_died_restarts_it(two_nodes):
     first = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
     want = first.run(feeds)["y"]
     dead = first.executor.actors[1]
-    ray.kill(dead, no_restart=True)
-    for _ in range(600):  # wait until Ray knows it is dead (ray.kill does not wait)
-        try:
-            ray.get(dead.__ray_call__.remote(lambda self: None), timeout=60)
-        except ray.exceptions.RayActorError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the killed actor still answers")
+    _kill(dead)
     second = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
     np.testing.assert_array_equal(second.run(feeds)["y"], want)
     assert second.executor.actors[1]._actor_id != dead._actor_id
@@ -325,3 +329,70 @@ def test_blocks_go_to_ray_contiguous_and_keep_their_shape():
     assert np.shares_memory(contiguous(a[1:3]), a)  # a block of rows is contiguous already: no copy
     scalar = contiguous(np.float32(3.0))
     assert scalar.shape == () and scalar == 3.0
+
+
+def test_an_actor_dead_before_a_run_is_restarted_and_the_run_goes_on(two_nodes):
+    """Nothing was lost, so nothing is reported lost: it used to fail with "machine 1 ... died during
+    the run; its N task(s) and their blocks are lost"."""
+    g, feeds = _chain(64, 3)
+    prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+    want = prog.run(feeds)["y"]
+    dead = prog.executor.actors[1]
+    _kill(dead)
+    np.testing.assert_array_equal(prog.run(feeds)["y"], want)
+    assert prog.executor.actors[1]._actor_id != dead._actor_id
+
+
+def test_resident_state_on_an_actor_dead_before_the_run_is_lost_and_says_when_it_died(two_nodes):
+    g, step, params, batch = mlp_step()
+    prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray")
+    sess = prog.session(params | step.init_state())
+    sess.run(batch | {"lr": 0.01})
+    holder = next(m for m, _, _ in sess._state["w1"].where.values())
+    _kill(prog.executor.actors[holder])
+    with pytest.raises(EngineError) as info:
+        sess.run(batch | {"lr": 0.01})
+    message = str(info.value)
+    assert re.search(rf"machine {holder} \(workers .*\) was found dead before the run started", message)
+    assert "resident tensor 'w1' was lost" in message and "during the run" not in message
+    fresh = prog.session(params | step.init_state())  # the restarted actor serves a new session
+    want = es.compile(g, engine="reference").run(params | step.init_state() | batch | {"lr": 0.01})
+    got = fresh.run(batch | {"lr": 0.01}, fetch=["loss"])["loss"]
+    np.testing.assert_allclose(got, want["loss"], rtol=1e-5)
+
+
+def test_a_program_compiled_before_ray_shutdown_runs_after_it(two_nodes):
+    """It used to fail every run with Ray's ValueError: its actor handles and objects were void."""
+    g, feeds = _chain(64, 3)
+    prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray", address=two_nodes.address)
+    want = prog.run(feeds)["y"]
+    before = [a._actor_id for a in prog.executor.actors]
+    try:
+        ray.shutdown()
+        np.testing.assert_array_equal(prog.run(feeds)["y"], want)  # joins its address again, new actors
+        assert ray.is_initialized() and not {a._actor_id for a in prog.executor.actors} & set(before)
+        ray.shutdown()
+        ray.init(address=two_nodes.address, log_to_driver=False)  # or the user joins again first
+        np.testing.assert_array_equal(prog.run(feeds)["y"], want)
+    finally:
+        if not ray.is_initialized():
+            ray.init(address=two_nodes.address, log_to_driver=False)
+
+
+def test_resident_state_from_before_ray_shutdown_is_reported_lost(two_nodes):
+    g, step, params, batch = mlp_step()
+    prog = es.compile(g, cluster=TWO_BY_TWO, engine="ray", address=two_nodes.address)
+    sess = prog.session(params | step.init_state())
+    sess.run(batch | {"lr": 0.01})
+    try:
+        ray.shutdown()
+        with pytest.raises(EngineError, match="resident tensor '.*' was lost: Ray was shut down"):
+            sess.state()
+        ray.init(address=two_nodes.address, log_to_driver=False)
+        with pytest.raises(EngineError, match="resident tensor '.*' was lost: Ray was shut down"):
+            sess.run(batch | {"lr": 0.01})
+        fresh = prog.session(params | step.init_state())
+        assert np.isfinite(float(fresh.run(batch | {"lr": 0.01}, fetch=["loss"])["loss"]))
+    finally:
+        if not ray.is_initialized():
+            ray.init(address=two_nodes.address, log_to_driver=False)

@@ -40,10 +40,14 @@ actor dies mid-run, the driver sees its call fail, aborts the other machines (th
 waits on the dead one end at once) and raises ``EngineError`` naming the lost
 machine, its workers, its node, and its unfinished tasks. No partial result is
 returned. The next run restarts the actor on the same node, and a new program pings
-the actors it would reuse and replaces any that died meanwhile. Resident state held
-by a dead actor is reported lost (``EngineError`` naming the tensor) when a session
-next reads it; it is never zeroed. Every wait has a deadline (``RayProgram.timeout``),
-so a run never hangs.
+the actors it would reuse and replaces any that died meanwhile. An actor found dead
+when a run starts (it died between runs: it answers no ping sent with the run) ran
+nothing, so it is restarted and the run made again, once. After ``ray.shutdown()`` a
+program joins Ray again on its next run (the session joined since, else its
+``address``) and starts its actors anew. Resident state held by a dead actor, or by a
+Ray session since shut down, is reported lost (``EngineError`` naming the tensor) when a
+session next reads it; it is never zeroed. Every wait has a deadline
+(``RayProgram.timeout``), so a run never hangs.
 
     prog = es.compile(g, engine="ray", address="auto", cluster=es.Cluster.from_ray())
     prog.run({"x": X})

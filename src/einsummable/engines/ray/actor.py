@@ -163,7 +163,8 @@ class Machine:
         return ray.get_runtime_context().get_node_id()
 
     def ping(self) -> None:
-        """Answers while the actor lives: a new program checks the actors it reuses with it."""
+        """Answers while the actor lives: a new program checks the actors it reuses with it, and a
+        run sent with one tells a machine dead before it from one that died during it."""
 
     def set_peers(self, pid: str, peers: list) -> None:
         self.peers[pid] = peers

@@ -39,11 +39,12 @@ class RayBlocks(Blocks):
         super().__init__(shape, dtype, {})
         self.program, self.name = program, name
         self.where = where  # box -> (machine, actor generation, key in its store)
+        self.job = program.job  # the Ray session that holds them: ray.shutdown() ends it
         by_machine = defaultdict(list)
         for m, _, key in where.values():
             by_machine[m].append(key)
         held = [(program.actors[m], keys) for m, keys in by_machine.items()]
-        self._finalizer = weakref.finalize(self, _drop, held)
+        self._finalizer = weakref.finalize(self, _drop, held, self.job)
         self._finalizer.atexit = False
 
     def get(self, box: Box) -> np.ndarray:
@@ -81,17 +82,35 @@ def _unresponsive(actors: list, slots: list) -> list:
     return out
 
 
-def _drop(held: list) -> None:
-    if ray.is_initialized():
+def _job() -> str | None:
+    """The Ray session this driver is in (None: none): handles and objects of another are void."""
+    return ray.get_runtime_context().get_job_id() if ray.is_initialized() else None
+
+
+def _drop(held: list, job: str) -> None:
+    if _job() == job:
         for actor, keys in held:
             actor.drop.remote(keys)
 
 
-def _forget(actors: list, pid: str) -> None:
-    if ray.is_initialized():
+def _forget(actors: list, pid: str, job: str) -> None:
+    if _job() == job:
         for actor in actors:
             if actor is not None:
                 actor.forget.remote(pid)
+
+
+class _FoundDead(EngineError):
+    """Every machine that failed a run was dead before it started: nothing ran, so it may run again."""
+
+
+def _answered(ping) -> bool:
+    """Whether an actor answered the ping sent it just before a run's call."""
+    try:
+        ray.get(ping, timeout=ABORT_GRACE)
+    except (GetTimeoutError, RayActorError):
+        return False
+    return True
 
 
 class RayProgram:
@@ -99,23 +118,50 @@ class RayProgram:
     then run many times."""
 
     def __init__(self, tg: TaskGraph | Layout, address: str | None = None, timeout: float = TIMEOUT) -> None:
-        connect(address)
+        self.address = address
         self.layout = tg if isinstance(tg, Layout) else whole(tg)
         self.timeout = timeout
         self.machines = self.layout.machines
         self.pid = uuid.uuid4().hex[:12]
+        self.inputs = defaultdict(list, self.layout.inputs)  # machine -> [(name, box, dtype)] it reads
+        self.actors: list = [None] * self.machines
+        self.generation = [0] * self.machines
+        self._runs = itertools.count()
+        self.job: str | None = None
+        self._finalizer: weakref.finalize | None = None
+        connect(address)
+        self._join()
+        self._revive()
+
+    def _join(self) -> None:
+        """Take this Ray session's nodes and ship the payloads there, all machines still to start:
+        at creation, and again when ``ray.shutdown()`` made the last session's handles void."""
+        self.job = _job()
+        for slot in [slot for slot in _ACTORS if slot[0] != self.job]:  # actors of an ended session
+            del _ACTORS[slot]
         hosts = nodes(self.machines)
         self.nodes = [n["NodeID"] for n in hosts]
         self.cpus = [int(n["Resources"]["CPU"]) for n in hosts]
         refs: dict[int, object] = {}  # one put per payload: a whole TaskGraph is shared by every actor
         self._programs = [refs.setdefault(id(p), ray.put(p)) for p in self.layout.payloads]
-        self.inputs = defaultdict(list, self.layout.inputs)  # machine -> [(name, box, dtype)] it reads
-        self.actors: list = [None] * self.machines
-        self.generation = [0] * self.machines
+        self.actors[:] = [None] * self.machines
         self.lost: set[int] = set(range(self.machines))
-        self._runs = itertools.count()
-        weakref.finalize(self, _forget, self.actors, self.pid).atexit = False
-        self._revive()
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _forget, self.actors, self.pid, self.job)
+        self._finalizer.atexit = False
+
+    def _rejoin(self) -> None:
+        """After ``ray.shutdown()``: the session joined since, else ``address`` joined again."""
+        if _job() == self.job:
+            return
+        try:
+            connect(self.address)
+        except (ConnectionError, RuntimeError) as err:
+            where = f"at {self.address!r}" if self.address else "(address None: a local one)"
+            raise EngineError(f"Ray was shut down since this program was compiled, and joining a Ray cluster "
+                              f"{where} again failed: {err}; call ray.init(address=...) first") from err
+        self._join()
 
     def _revive(self) -> None:
         """(Re)create the actors of lost machines on their nodes and give every actor the new peers."""
@@ -150,7 +196,12 @@ class RayProgram:
         return ray.get_runtime_context().get_job_id(), self.nodes[m]
 
     def check_resident(self, blocks: RayBlocks) -> None:
-        """Resident state on a machine that died (and was restarted) is lost: say so."""
+        """Resident state on a machine that died (and was restarted), or in a Ray session since
+        shut down, is lost: say so."""
+        if blocks.job != _job():
+            raise EngineError(f"resident tensor {blocks.name!r} was lost: Ray was shut down since it was "
+                              "stored, and its actors with it; restore it from a checkpoint (start a new "
+                              "session)")
         gone = sorted({m for m, gen, _ in blocks.where.values()
                        if m in self.lost or gen != self.generation[m]})
         if gone:
@@ -159,7 +210,19 @@ class RayProgram:
 
     def run(self, feeds: dict[str, object], variables: dict[str, float] | None = None,
             carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
-        """Run once on the actors; outputs in ``carry`` stay there as ``RayBlocks``."""
+        """Run once on the actors; outputs in ``carry`` stay there as ``RayBlocks``. A machine found
+        dead when the run started ran nothing: it is restarted and the run made again, once."""
+        self._rejoin()
+        try:
+            return self._attempt(feeds, variables or {}, carry)
+        except _FoundDead as found:
+            try:
+                return self._attempt(feeds, variables or {}, carry)
+            except EngineError as err:
+                raise EngineError(f"{err}\n{found}") from err
+
+    def _attempt(self, feeds: dict[str, object], variables: dict[str, float],
+                 carry: frozenset[str]) -> dict[str, np.ndarray | Blocks]:
         # an actor another program found dead and replaced is lost to this one too
         self.lost |= {m for m in range(self.machines) if _ACTORS.get(self._slot(m)) is not self.actors[m]}
         for blocks in [v for v in feeds.values() if isinstance(v, RayBlocks)]:
@@ -176,14 +239,17 @@ class RayProgram:
                     stores[m].append((t, (self.pid, run, name, box)))
                 elif t not in fetch[m]:
                     fetch[m].append(t)
-        calls = {self.actors[m].run.remote(self.pid, run, inputs[m], sends[m], variables or {}, fetch[m],
+        # answered first while the actor lives: a failed run tells a machine dead before it from one
+        # that died during it (the reply costs nothing on the way: it is not waited for)
+        pings = [self.actors[m].ping.remote() for m in range(self.machines)]
+        calls = {self.actors[m].run.remote(self.pid, run, inputs[m], sends[m], variables, fetch[m],
                                            stores[m], self.timeout): m for m in range(self.machines)}
-        results, failure = self._wait(run, calls)
+        results, failure = self._wait(run, calls, pings)
         if failure is not None:
             for m, (status, _) in results.items():  # what the survivors stored for this run is void
                 if status == "ok" and stores[m]:
                     self.actors[m].drop.remote([key for _, key in stores[m]])
-            raise EngineError(failure)
+            raise failure
         values = {t: block for _, blocks in results.values() for t, block in blocks.items()}
         result: dict[str, np.ndarray | Blocks] = {}
         for name, out in self.layout.outputs.items():
@@ -242,7 +308,8 @@ class RayProgram:
             holders[theirs] = m
         return holders
 
-    def _wait(self, run: int, calls: dict) -> tuple[dict[int, tuple[str, object]], str | None]:
+    def _wait(self, run: int, calls: dict,
+              pings: list) -> tuple[dict[int, tuple[str, object]], EngineError | None]:
         """Collect every machine's result; after the first failure abort the rest, then say what failed."""
         deadline = time.monotonic() + self.timeout
         pending, results, dead = list(calls), {}, {}
@@ -267,17 +334,25 @@ class RayProgram:
         if not aborting and not hung:
             return results, None
         self.lost |= set(dead) | set(hung)
-        return results, self._failure(dead, results, hung)
+        before = {m for m in dead if not _answered(pings[m])}
+        errors = [m for m, (status, _) in results.items() if status == "error"]
+        message = self._failure(dead, before, results, hung)
+        retry = before == set(dead) and not hung and not errors
+        return results, _FoundDead(message) if retry else EngineError(message)
 
-    def _failure(self, dead: dict, results: dict, hung: list[int]) -> str:
+    def _failure(self, dead: dict, before: set[int], results: dict, hung: list[int]) -> str:
         lines = []
         for m, err in sorted(dead.items()):
+            first, last = m * self.layout.cores, (m + 1) * self.layout.cores - 1
+            which = f"machine {m} (workers {first}..{last}, Ray actor on node {self.nodes[m][:8]})"
+            if m in before:
+                lines.append(f"{which} was found dead before the run started: it ran nothing, and lost "
+                             f"nothing of this run [{type(err).__name__}]")
+                continue
             mine = np.flatnonzero(self.layout.machine == m).tolist()
             shown = ", ".join(f"%{t} ({self.layout.describe(t)})" for t in mine[:6])
             more = f" and {len(mine) - 6} more" if len(mine) > 6 else ""
-            first, last = m * self.layout.cores, (m + 1) * self.layout.cores - 1
-            lines.append(f"machine {m} (workers {first}..{last}, Ray actor on node {self.nodes[m][:8]}) died "
-                         f"during the run; its {len(mine)} task(s) and their blocks are lost: "
+            lines.append(f"{which} died during the run; its {len(mine)} task(s) and their blocks are lost: "
                          f"{shown}{more} [{type(err).__name__}]")
         lines += [f"machine {m} did not finish within {self.timeout:.0f} s" for m in hung]
         lines += [f"machine {m}: {msg}" for m, (status, msg) in sorted(results.items()) if status == "error"]
