@@ -63,7 +63,8 @@ class CheckpointError(EinsummableError):
 
 
 class ConfigError(EinsummableError):
-    """A model configuration is malformed, or asks for maths this Llama does not implement."""
+    """A configuration is malformed (a model's, a cluster file), or asks for maths this Llama
+    does not implement."""
 
 
 class Unsupported(EinsummableError):

@@ -13,7 +13,12 @@ Workers are numbered machine-major: worker ``w`` is core ``w % cores`` of machin
 ``w // cores``. ``blas_threads`` is how many cores one worker's GEMMs use: the
 engines give a worker that is alone in its process (one machine of one core) all
 the cores that process may run on, and hold BLAS to one thread otherwise; it also
-runs its tasks inline, without threads handing them off (``alone()``). The
+runs its tasks inline, without threads handing them off (``alone()``).
+
+Every field is checked when a Cluster is made (PlanError naming it; ``from_json``: ConfigError
+naming the file): counts are integers, at most ``MAX_MACHINES`` machines of ``MAX_CORES`` cores
+and ``MAX_WORKERS`` in all; rates, sizes and times are finite numbers, > 0, or >= 0 for
+latencies and overheads (``driver_bandwidth`` may be inf). The
 defaults are rough figures for the 2-core development box
 (about 80 GFLOP/s per core from the measured 4000³ chain, memcpy-speed moves
 inside a machine, 10 Gbit/s between machines).
