@@ -151,3 +151,20 @@ def test_bf16_training_keeps_f32_masters_and_moments_and_resumes(tmp_path):
     again = Trainer.resume(tmp_path / "ck", corpus(), engine="reference")
     np.testing.assert_array_equal(again.state[f"{name}.master"], state[f"{name}.master"])
     np.testing.assert_allclose(again.fit(), bf16.fit(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [{}, {"lora_rank": 4}, {"freeze": ("model.embed_tokens.weight",)}],
+                         ids=["full", "lora", "frozen"])
+def test_bf16_training_runs_on_the_local_engine_and_follows_the_f32_run(kw):
+    """The optimizer's casts of constants (cast(0.9, bf16) ...) folded on the local engine's
+    factored path too: bf16 training raised EngineError there (issue 30, item 1)."""
+    import ml_dtypes
+
+    base = {"batch": 4, "seq": 16, "steps": 4, "lr": 1e-2, "min_lr": 1e-3, "warmup": 1} | kw
+    params = init_params(TINY, seed=1)
+    low = {n: w.astype(ml_dtypes.bfloat16) for n, w in params.items()}
+    f32 = Trainer(TINY, params, TrainConfig(**base), corpus(), engine="reference")
+    bf16 = Trainer(TINY, low, TrainConfig(**base), corpus(), engine="local", workers=2)
+    want, got = f32.fit(3), bf16.fit(3)
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got, want, rtol=2e-2)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from einsummable.errors import DtypeError, ExprError
-from einsummable.ir.dtypes import DEFAULT, INTS
+from einsummable.ir.dtypes import DEFAULT, INTS, to_numpy
 from einsummable.ir.expr import (
     ONE,
     ZERO,
@@ -269,7 +269,12 @@ def constant_value(e: Expr, variables: dict[str, float] | None = None) -> float 
         if isinstance(x, Var):
             return Const(_variable(x.name, variables))
         kids = children(x)
-        return rebuild(x, tuple(bind(k) for k in kids)) if kids else x
+        x = rebuild(x, tuple(bind(k) for k in kids)) if kids else x
+        if isinstance(x, Cast):  # a cast of a constant is that constant rounded to the dtype
+            inner = simplify(x.arg)
+            if isinstance(inner, Const) and not isinstance(inner.value, complex):
+                return Const(float(np.asarray(inner.value).astype(to_numpy(x.dtype))))
+        return x
 
     folded = simplify(bind(e))
     if not isinstance(folded, Const):
