@@ -191,12 +191,13 @@ def test_join_arity_mismatch_is_an_error():
         es.einsum("ij,jk->ijk", a, b, join="x0")
 
 
-def test_dtype_mismatch_is_an_error():
+def test_dtype_mismatch_in_a_join_is_an_error():
+    """Without a join einsum promotes as numpy's does (tests/test_dtype_promotion.py); a join does not."""
     g = es.Graph()
     a = g.input("a", (2, 3), "f32")
     b = g.input("b", (3, 4), "f64")
     with pytest.raises(es.DtypeError, match=r"f32.*f64"):
-        es.einsum("ij,jk->ik", a, b)
+        es.einsum("ij,jk->ik", a, b, join="x0 * x1", agg="add")
 
 
 def test_matmul_follows_numpy():

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import opt_einsum
 
 from einsummable.errors import ShapeError, SpecError
-from einsummable.frontend.tensor import Tensor, apply, reshape, transpose
+from einsummable.frontend.tensor import Tensor, apply, promote, reshape, transpose
 from einsummable.ir import scalar
 from einsummable.ir.einsummable import IDENTITY, PRODUCT, Einsummable
 from einsummable.ir.expr import Expr
@@ -32,6 +32,8 @@ def einsum(spec: str, *operands: Tensor, join: str | Expr | None = None, agg: st
     sizes = _sizes(spec, terms, operands)
     operands, terms = zip(*[_normalise(t, term, sizes) for t, term in zip(operands, terms, strict=True)],
                           strict=True) if operands else ((), ())
+    if join is None:  # the product (or identity) that numpy's einsum computes promotes as numpy's does
+        operands = promote(operands)
     default = join is None and agg in (None, "add")
     expr = scalar.parse(join) if join is not None else None
     if default and len(operands) > 2:

@@ -19,7 +19,7 @@ from einsummable.frontend.shapes import broadcast_shapes, index_box, kept_axes, 
 from einsummable.ir import scalar
 from einsummable.ir.box import whole
 from einsummable.ir.dot import render, to_dot
-from einsummable.ir.dtypes import DEFAULT, INTS, canonical, common_float
+from einsummable.ir.dtypes import DEFAULT, FLOATS, INTS, canonical, common_float
 from einsummable.ir.einsummable import IDENTITY, PRODUCT, Einsummable
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, substitute
 from einsummable.ir.graph import (
@@ -274,6 +274,21 @@ def _common_graph(tensors: Sequence[Tensor]) -> Graph:
     return next(iter(graphs.values()))
 
 
+def promote(args: Sequence[Tensor | Scalar]) -> tuple[Tensor | Scalar, ...]:
+    """The float Tensors among ``args`` cast to their common type, as numpy's promotion does
+    (f16 * f32 is f32, f32 * f64 is f64, bf16 * f16 is f32); the rest as given.
+
+    The project's one rule: operations on Tensors (operators, ``matmul``, ``where``, an
+    ``einsum`` without a join) promote; a join written in the scalar language does not,
+    since it is the kernel's body and its operands' types are what it reads and writes.
+    """
+    target = common_float([a.dtype for a in args if isinstance(a, Tensor) and a.dtype in FLOATS])
+    if target is None:
+        return tuple(args)
+    return tuple(cast(a, target) if isinstance(a, Tensor) and a.dtype in FLOATS and a.dtype != target
+                 else a for a in args)
+
+
 def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
     """Apply a join with numpy broadcasting.
 
@@ -281,9 +296,7 @@ def elementwise(join: str | Expr, *args: Tensor | Scalar) -> Tensor:
     ``w - "lr" * g`` reads the learning rate when the program runs.
     """
     expr = scalar.parse(join)
-    target = common_float([a.dtype for a in args if isinstance(a, Tensor)])  # f16 * f32 is f32, as in numpy
-    if target is not None:
-        args = tuple(cast(a, target) if isinstance(a, Tensor) and a.dtype != target else a for a in args)
+    args = promote(args)
     tensors = [a for a in args if isinstance(a, Tensor)]
     if not tensors:
         raise GraphError("elementwise needs at least one Tensor operand")
@@ -403,6 +416,7 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         raise SpecError("matmul takes two Tensors")
     if a.ndim == 0 or b.ndim == 0:
         raise ShapeError("matmul does not take scalars; use *")
+    a, b = promote((a, b))
     a_mat, b_mat = a.ndim > 1, b.ndim > 1
     if a.shape[-1] != b.shape[-2 if b_mat else 0]:
         raise ShapeError(f"matmul: {a.shape} @ {b.shape}: inner sizes {a.shape[-1]} and "

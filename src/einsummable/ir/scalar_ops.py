@@ -37,10 +37,10 @@ class OpRule:
 def _unify(name: str, dts: tuple[Weak, ...]) -> Weak:
     concrete = {d for d in dts if d is not None and d != "bool"}
     if len(concrete) > 1:
-        raise DtypeError(
-            f"dtype mismatch in {name}: operands are {', '.join(str(d) for d in dts)}; "
-            "cast one operand so that they agree"
-        )
+        floats = concrete <= {"f16", "bf16", "f32", "f64"}  # Tensor operators promote these; a join does not
+        how = ("a join does not promote (Tensor operators do): cast one operand in the join, as in "
+               "cast(x1, f32)" if floats else "cast one operand so that they agree")
+        raise DtypeError(f"dtype mismatch in {name}: operands are {', '.join(str(d) for d in dts)}; {how}")
     if concrete:
         return concrete.pop()
     if all(d == "bool" for d in dts):
