@@ -33,7 +33,7 @@ from einsummable.ir import scalar
 from einsummable.ir.dtypes import INTS
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, inputs_used, variables_used
-from einsummable.ir.scalar_ops import GELU_A, GELU_C
+from einsummable.ir.scalar_ops import GELU_2C, GELU_A
 
 # storage type, compute type per dtype
 STORAGE = {"f32": "float", "f64": "double", "bf16": "uint16_t", "f16": "_Float16", "bool": "uint8_t",
@@ -223,7 +223,7 @@ def _literal(v: float | complex) -> str:
 
 def _call(op: str, t: str, a: list[str]) -> str:
     f = "" if t == "double" else "f"
-    one, half = f"(({t})1.0)", f"(({t})0.5)"
+    one = f"(({t})1.0)"
     binary = {"add": "+", "sub": "-", "mul": "*", "div": "/",
               "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
     if op in binary:
@@ -244,10 +244,10 @@ def _call(op: str, t: str, a: list[str]) -> str:
         return f"{a[0]} / one_plus_exp_neg_{t[0]}({a[0]})"
     if op == "relu":
         return f"NMAX({a[0]}, ({t})0.0)"
-    if op == "gelu":  # numpy's sequence of steps, each rounded to t
+    if op == "gelu":  # x / (1 + e^-2u): numpy's sequence of steps, each rounded to t
         x = a[0]
-        u = f"(({x} * {x}) * ({t}){GELU_A.hex()} + {one})"
-        return f"((tanh{f}(({u} * {x}) * ({t}){GELU_C.hex()}) + {one}) * {x}) * {half}"
+        z = f"(({t})((({x} * {x}) * ({t}){GELU_A.hex()} + {one}) * {x}) * ({t}){GELU_2C.hex()})"
+        return f"{x} / one_plus_exp_neg_{t[0]}({z})"
     if op == "max":
         return f"NMAX({a[0]}, {a[1]})"
     if op == "min":

@@ -21,7 +21,7 @@ import numpy as np
 from einsummable.ir.dtypes import HALF, to_numpy
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, children, inputs_used, variables_used
 from einsummable.ir.scalar import _variable, dtype_of, parse, result_dtype, simplify
-from einsummable.ir.scalar_ops import GELU_A, GELU_C, is_call
+from einsummable.ir.scalar_ops import GELU_2C, GELU_A, is_call
 
 Kernel = Callable[..., None]  # writes the op's value into its first argument, an ``out`` buffer
 WIDE = np.dtype(np.float32)  # where half precision is computed and accumulated
@@ -219,16 +219,14 @@ def _silu(out: np.ndarray, a: np.ndarray) -> None:
 
 
 def _gelu(out: np.ndarray, a: np.ndarray) -> None:
-    # The tanh approximation (GPT-2, "gelu_new"): numpy has no vectorised erf.
+    """x / (1 + e^-2u), u = c (x + 0.044715 x^3): ir/scalar_ops.py's form, step for step."""
     np.multiply(a, a, out=out)
     np.multiply(out, GELU_A, out=out)
     np.add(out, 1.0, out=out)
     np.multiply(out, a, out=out)
-    np.multiply(out, GELU_C, out=out)
-    np.tanh(out, out=out)
-    np.add(out, 1.0, out=out)
-    np.multiply(out, a, out=out)
-    np.multiply(out, 0.5, out=out)
+    np.multiply(out, GELU_2C, out=out)
+    _one_plus_exp_neg(out, out)
+    np.divide(a, out, out=out)
 
 
 def _rsqrt(out: np.ndarray, a: np.ndarray) -> None:

@@ -114,11 +114,17 @@ def _silu(a: np.ndarray) -> np.ndarray:
 
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_A = 0.044715
+GELU_2C = 2.0 * GELU_C
 
 
 def _gelu(a: np.ndarray) -> np.ndarray:
-    # The tanh approximation (GPT-2, "gelu_new"): numpy has no vectorised erf.
-    return (np.tanh(((a * a) * GELU_A + 1.0) * a * GELU_C) + 1.0) * a * 0.5
+    # The tanh approximation (GPT-2's "gelu_new"; numpy has no vectorised erf), written as
+    # x sigmoid(2u) = x / (1 + e^-2u), u = c (x + 0.044715 x^3): 0.5 x (1 + tanh u) cancels
+    # to 0 in the negative tail (f32 gelu(-5.25) is -1.57e-7, not -0), this keeps its
+    # relative accuracy; e^-2u overflows to inf far out, giving the limit -0 (-inf: NaN, as
+    # torch's).
+    with np.errstate(over="ignore", invalid="ignore"):
+        return a / (1.0 + np.exp(-(((a * a) * GELU_A + 1.0) * a * GELU_2C)))
 
 
 def _neg(e: Expr) -> Expr:
@@ -138,12 +144,12 @@ def _indicator(cond: Expr) -> Expr:
 
 
 def _gelu_partial(a: Expr) -> Expr:
-    u = _mul(Const(GELU_C), call("add", a, _mul(Const(GELU_A), call("pow", a, Const(3.0)))))
-    t = call("tanh", u)
-    du = _mul(Const(GELU_C), call("add", ONE, _mul(Const(3 * GELU_A), call("pow", a, Const(2.0)))))
-    left = _mul(Const(0.5), call("add", ONE, t))
-    right = _mul(_mul(Const(0.5), a), _mul(_sub(ONE, call("pow", t, Const(2.0))), du))
-    return call("add", left, right)
+    """d/dx x s(2u) = s(2u) + x s(2u) s(-2u) 2u': no 1 + tanh to cancel in the tail."""
+    a2 = call("pow", a, Const(2.0))
+    z = _mul(_mul(call("add", _mul(a2, Const(GELU_A)), ONE), a), Const(GELU_2C))  # 2u
+    dz = _mul(call("add", _mul(a2, Const(3 * GELU_A)), ONE), Const(GELU_2C))  # 2u'
+    s = _sig(z)
+    return call("add", s, _mul(_mul(a, s), _mul(_sig(_neg(z)), dz)))
 
 
 def _sig(a: Expr) -> Expr:
