@@ -163,6 +163,7 @@ class Session:
         self.program = program
         graph = program.graph
         self._inputs = {n.name: n for n in graph.nodes if isinstance(n, InputNode)}
+        keep = _names(keep)
         unknown = sorted(set(keep) - set(graph.outputs))
         if unknown:
             raise FeedError(f"cannot keep {unknown}: not outputs; the outputs are {sorted(graph.outputs)}")
@@ -199,7 +200,7 @@ class Session:
             _check_resident(name, value, self._inputs[name])
         outputs = self.program.graph.outputs
         carry = (frozenset(state) | self._keep) & set(outputs)
-        wanted = list(fetch) if fetch is not None else [n for n in outputs if n not in carry]
+        wanted = _names(fetch) if fetch is not None else [n for n in outputs if n not in carry]
         unknown = sorted(set(wanted) - set(outputs))
         if unknown:
             raise FeedError(f"cannot fetch {unknown}; the outputs are {sorted(outputs)}")
@@ -225,8 +226,13 @@ class Session:
     def drop(self, names: Sequence[str]) -> None:
         """Forget resident tensors (a finished generation's KV cache), freeing them on the workers."""
         with self._resident.lock:
-            for name in names:
+            for name in _names(names):
                 self._resident.tensors.pop(name, None)
+
+
+def _names(names: str | Sequence[str]) -> list[str]:
+    """A list of tensor names; one name alone is that name, not its letters."""
+    return [names] if isinstance(names, str) else list(names)
 
 
 def _check_resident(name: str, value: object, node: InputNode) -> None:

@@ -63,6 +63,20 @@ def test_session_errors_name_the_problem():
         prog.session({"zz": params["w1"]})
     with pytest.raises(es.FeedError, match="shape"):
         prog.session({"w1": params["w2"]})
+    with pytest.raises(es.FeedError, match="dict of input name -> array, got list"):
+        sess.put([("w1", params["w1"])])
+    with pytest.raises(es.FeedError, match="dict of input name -> array, got tuple"):
+        prog.session((("w1", params["w1"]),))
+
+
+def test_one_name_alone_is_a_name_not_its_letters():
+    g, step, params, batch = mlp_step()
+    prog = es.compile(g, workers=2)
+    sess = prog.session(params | step.init_state())
+    name = next(n for n in prog.graph.outputs if n not in sess.state())
+    assert list(sess.run(batch | {"lr": 0.1}, fetch=name)) == [name]
+    sess.drop("w1")
+    assert "w1" not in sess.state() and "w2" in sess.state()
 
 
 def test_blocks_serve_any_box():

@@ -66,6 +66,8 @@ def _digits(value: object) -> str:
 
 def check_inputs(graph: EinGraph, arrays: Mapping[str, object]) -> dict[str, np.ndarray]:
     """Check a subset of the inputs alone, such as the state a session keeps resident."""
+    if not isinstance(arrays, Mapping):
+        raise FeedError(f"expected a dict of input name -> array, got {type(arrays).__name__}")
     inputs = {n.name: n for n in graph.nodes if isinstance(n, InputNode)}
     unknown = sorted(set(arrays) - set(inputs))
     if unknown:
