@@ -34,6 +34,7 @@ from einsummable.engines.feeds import check_class_ids
 from einsummable.errors import CheckpointError, EinsummableError
 from einsummable.frontend.einsum import einsum
 from einsummable.frontend.tensor import Graph
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import to_numpy
 from einsummable.models import atomic
 from einsummable.models.llama import lora as adapters
@@ -140,10 +141,13 @@ def batch_at(data: np.ndarray, cfg: TrainConfig, step: int, micro: int = 0) -> n
 class Trainer:
     def __init__(self, model: LlamaConfig, params: dict[str, np.ndarray], cfg: TrainConfig,
                  data: np.ndarray, *, engine: str | None = None, workers: int | None = None,
-                 opt_state: dict[str, np.ndarray] | None = None, step: int = 0,
+                 cluster: Cluster | None = None, opt_state: dict[str, np.ndarray] | None = None,
+                 step: int = 0,
                  data_source: str | None = None, tokenizer: str | Path | TokenizerFiles | None = None,
                  base_model: str | Path | None = None, base_record: dict | None = None) -> None:
-        """``data_source`` (a path, or ``BUNDLED``) is saved so that a resume can find the data.
+        """``engine``, ``workers`` and ``cluster`` are compile's (a 2-machine Ray run:
+        ``engine="ray", cluster=Cluster(machines=2, ...)``). ``data_source`` (a path, or
+        ``BUNDLED``) is saved so that a resume can find the data.
         ``tokenizer`` (the model directory the weights came from, or ``"bytes"`` for a
         byte-level model) gives the tokenizer files and special-token ids every save writes.
         With ``cfg.lora_rank``, ``params`` are the base weights (adapters, if absent, start
@@ -159,7 +163,7 @@ class Trainer:
         if base_record is None and self.base_model is not None and cfg.lora is not None:
             base_record = checkpoint.base_record(self.base_model)
         self.base_record = base_record
-        options = {"engine": engine, "workers": workers}
+        options = {"engine": engine, "workers": workers, "cluster": cluster}
         residuals: list = []
         dtypes = {str(np.asarray(w).dtype) for w in params.values()}
         if dtypes - {"float32", "bfloat16"} or len(dtypes) > 1:
