@@ -65,7 +65,8 @@ def torch_run(model, tcfg, data, bf16: bool) -> list[float]:
         opt.zero_grad(set_to_none=True)
         low.zero_grad(set_to_none=True)
         logits = low(tokens[:, :-1], use_cache=False).logits.float()  # the loss reduces in f32, as ours
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        targets = tokens[:, 1:].reshape(-1)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
         loss.backward()
         if bf16:
             for p, q in zip(master.parameters(), low.parameters(), strict=True):
