@@ -396,3 +396,23 @@ def test_resident_state_from_before_ray_shutdown_is_reported_lost(two_nodes):
     finally:
         if not ray.is_initialized():
             ray.init(address=two_nodes.address, log_to_driver=False)
+
+
+def test_a_bf16_llama_trains_through_the_trainer_on_two_nodes_as_on_the_local_engine(two_nodes):
+    """bf16 weights, f32 masters and moments, on one actor per node (Trainer(cluster=)): the
+    losses are the local engine's to bf16 rounding, and they fall (issue 30, item 1)."""
+    import ml_dtypes
+
+    from einsummable.models.llama.data import corpus
+    from einsummable.models.llama.model import LlamaConfig, init_params
+    from einsummable.train.trainer import TrainConfig, Trainer
+
+    cfg = LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    params = {n: w.astype(ml_dtypes.bfloat16) for n, w in init_params(cfg, seed=0).items()}
+    tcfg = TrainConfig(batch=4, seq=32, steps=4, lr=1e-2, warmup=1)
+    runs = [Trainer(cfg, params, tcfg, corpus(), engine=e, cluster=TWO_BY_TWO) for e in ("local", "ray")]
+    assert len(runs[1].program.executor.actors) == 2
+    local, on_ray = (t.fit(4) for t in runs)
+    np.testing.assert_allclose(on_ray, local, rtol=1e-2)
+    assert on_ray[-1] < on_ray[0]
