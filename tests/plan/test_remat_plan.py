@@ -49,8 +49,10 @@ def _einsum_flops(g):
     return sum(n.op.flops() for v, n in enumerate(g.nodes) if live[v] and isinstance(n, EinsumNode))
 
 
-@pytest.mark.parametrize("machines, cores, share", [(1, 2, 0.65), (2, 2, 0.5)])
+@pytest.mark.parametrize("machines, cores, share", [(1, 2, 0.65), (2, 2, 0.45)])
 def test_activations_over_budget_are_recomputed_and_the_plan_fits(machines, cores, share):
+    """(At half the peak, two machines fit without remat: the program's order with the
+    activations sharded across them, 5.8 of 5.9 MB; 0.45 needs recomputation.)"""
     g, _, feeds = deep_mlp()
     free = make_plan(g, Cluster(machines=machines, cores=cores), compare=False)
     budget = share * free.summary.peak

@@ -283,7 +283,7 @@ class LocalProgram:
             cost[j], cost[r] = cost[j] + cost[r], 0.0
             red, join = tasks[r], tasks[j]
             self.steps[j], self.steps[r] = rowfuse.step(red.op, join.op, k, red.inputs, join.inputs), _nothing
-        self.rank = priority.ranks(self.inputs, cost)
+        self.rank = priority.ranks(self.inputs, cost, tg.order)
         # where(c, x, a block a session run gives up): stored in place (donation.py)
         self.donors = donation.prepare(tg, self.inputs, self.keep, self.steps, {*self.fused, *self.rows})
         native.flush()  # the compiled kernels, built together, at prepare

@@ -50,7 +50,7 @@ class MachinePart:
         first = sum(cost) + 1.0  # more than any chain of the share's own work
         for i in refined.send:
             cost[i] += first
-        self.rank = priority.ranks(self.inputs, cost)
+        self.rank = priority.ranks(self.inputs, cost, refined.graph.order)
         self.steps = []
         for i, task in enumerate(tasks):
             if i in refined.receive:

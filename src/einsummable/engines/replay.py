@@ -21,7 +21,7 @@ import numpy as np
 
 from einsummable.errors import SimulationError
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.priority import critical_path
+from einsummable.ir.priority import PROGRAM, critical_path, program
 from einsummable.lower.compact import INPUT, MOVE, VIEW, CompactGraph
 
 
@@ -213,7 +213,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
     inptr, inputs = g.indptr.tolist(), g.indices.tolist()
     uptr_arr, users_arr = users_csr(g)
     uptr, users = uptr_arr.tolist(), users_arr.tolist()
-    rank = critical_path(dur, uptr, users)
+    rank = program(n) if g.order == PROGRAM else critical_path(dur, uptr, users)
     held, owner, readers = aliases(g, np.diff(uptr_arr), move & ~across_arr)
 
     pending = np.diff(g.indptr).tolist()

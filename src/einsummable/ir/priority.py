@@ -1,16 +1,19 @@
 """Which ready work runs first: one rule for the engines, the simulator and the planner's
 memory estimate (plan/memory.py), so that the estimate follows the order that runs.
 
-A task's rank is the costliest chain of work that waits on it (its critical path), and
-ready tasks run highest rank first.
-
-Known cost: this defers work that little waits on, such as a weight's gradient (its
-chain is only the optimizer's update), to when nothing else is ready; what it reads is
-held until then. On Llama-7B on one machine, rematerialised, the estimate holds every
-layer's MLP activations to the end of the backward for that reason (363 GiB peak).
-Lifting a task to the rank of the other readers of its inputs brought that to 296 GiB,
-changed nothing at 4 machines (161 GiB) and made small simulated steps 0-9% slower, so
-it is not done; a memory-aware order is the better fix.
+Two orders; the plan picks one and the TaskGraph carries it (``TaskGraph.order``):
+- ``CRITICAL_PATH``, the default: a task's rank is the costliest chain of work that waits
+  on it, and ready tasks run highest rank first. It keeps the cores busy, but defers work
+  that little waits on, such as a weight's gradient (its chain is only the optimizer's
+  update), to when nothing else is ready, and what that work reads is held until then:
+  Llama-7B on one machine, rematerialised, holds every layer's recomputed activations to
+  the end of the backward (466 GiB estimated).
+- ``PROGRAM``: ready tasks run in the program's order (task ids, which follow the graph's
+  nodes: the forward, then each layer's backward with its weight gradients, as an eager
+  framework runs them). Work still runs as soon as it is ready, so cores never idle for
+  it, but the earliest-written work goes first, and a layer's values die with its
+  backward: the same Llama-7B plan needs 151 GiB. The planner chooses it only when the
+  critical-path order does not fit the machine's memory (plan/planners.py).
 """
 
 from __future__ import annotations
@@ -34,9 +37,21 @@ def readers(inputs: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
     return ptr, users
 
 
-def ranks(inputs: Sequence[Sequence[int]], cost: Sequence[float]) -> list[float]:
-    """Each task's rank (see the module docstring); ``inputs`` in topological order."""
+CRITICAL_PATH = "critical-path"
+PROGRAM = "program"
+ORDERS = (CRITICAL_PATH, PROGRAM)
+
+
+def ranks(inputs: Sequence[Sequence[int]], cost: Sequence[float], order: str = CRITICAL_PATH) -> list[float]:
+    """Each task's rank in ``order`` (see the module docstring); ``inputs`` in topological order."""
+    if order == PROGRAM:
+        return program(len(inputs))
     return critical_path(cost, *readers(inputs))
+
+
+def program(n: int) -> list[float]:
+    """Ranks that run ready work in id order: the earliest first."""
+    return [-float(t) for t in range(n)]
 
 
 def critical_path(cost: Sequence[float], uptr: Sequence[int], users: Sequence[int]) -> list[float]:

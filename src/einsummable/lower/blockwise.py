@@ -382,4 +382,4 @@ def _lower_blocks(plan: Plan) -> CompactGraph:
         outputs[name] = Output(node.shape, node.dtype, blocks)
     builder = lw.b
     del lw  # its caches and the nodes' blocks, before the arrays are joined: the peak of lowering
-    return prune(builder.graph(outputs))
+    return replace(prune(builder.graph(outputs)), order=plan.order)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from einsummable.ir import priority
 from einsummable.ir.dtypes import itemsize
 from einsummable.lower.taskgraph import (
     ApplyTask,
@@ -64,6 +65,7 @@ class CompactGraph:
     outputs: dict[str, Output]
     workers: int
     cores: int
+    order: str = priority.CRITICAL_PATH  # TaskGraph.order
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -108,7 +110,7 @@ class CompactGraph:
     def to_taskgraph(self) -> TaskGraph:
         """The object TaskGraph (for small graphs: DOT, validate, tests)."""
         tasks = tuple(self.task(t) for t in range(len(self)))
-        return TaskGraph(tasks, self.outputs, self.workers, self.cores)
+        return TaskGraph(tasks, self.outputs, self.workers, self.cores, self.order)
 
     @classmethod
     def from_taskgraph(cls, tg: TaskGraph) -> CompactGraph:
@@ -131,7 +133,7 @@ class CompactGraph:
         arrays = [np.array(c, dtype=t) for c, t in zip(cols, TYPES, strict=True)]
         indptr = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         return cls(*arrays, indptr, np.array(indices, dtype=np.int32), tuple(tables["dtype"]),
-                   tuple(tables["shape"]), tuple(tables["aux"]), tg.outputs, tg.workers, tg.cores)
+                   tuple(tables["shape"]), tuple(tables["aux"]), tg.outputs, tg.workers, tg.cores, tg.order)
 
     def counts(self) -> dict[str, int]:
         """Tasks per kind."""

@@ -306,7 +306,7 @@ def lower(plan: Plan) -> TaskGraph:
         part, held = lw.outs[nid]
         blocks = tuple((held[q][0][0], box) for q, box in enumerate(part.boxes()))
         outputs[name] = Output(node.shape, node.dtype, blocks)
-    return prune(lw.tasks, outputs, plan.cluster.workers, plan.cluster.cores)
+    return replace(prune(lw.tasks, outputs, plan.cluster.workers, plan.cluster.cores), order=plan.order)
 
 
 def prune(tasks: list[Task], outputs: dict[str, Output], workers: int, cores: int) -> TaskGraph:

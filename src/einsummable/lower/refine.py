@@ -290,7 +290,7 @@ class _Refine:
             self.grids[t] = _Grid.whole(task.shape, r)
         held = {t: self.read(t, whole(self.shapes[t]), self.tasks[self.grids[t].rs[0]].loc)
                 for t in share.outputs}
-        graph = TaskGraph(tuple(self.tasks), {}, self.cores, self.cores)
+        graph = TaskGraph(tuple(self.tasks), {}, self.cores, self.cores, self.share.rows.order)
         return Refined(graph, self.receive, self.send, held)
 
     def partial(self, task: PartialTask, core: int) -> int:

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 
 from einsummable.errors import PlanError
+from einsummable.ir import priority
 from einsummable.ir.box import Box, box_shape, fmt_box, volume
 from einsummable.ir.dtypes import COMPLEX, real_of
 from einsummable.ir.einsummable import Einsummable
@@ -141,6 +142,7 @@ class TaskGraph:
     outputs: dict[str, Output]
     workers: int
     cores: int
+    order: str = priority.CRITICAL_PATH  # which ready task runs first, on every engine (ir/priority.py)
 
     def machine_of(self, loc: int) -> int:
         return loc // self.cores
@@ -186,7 +188,8 @@ class TaskGraph:
         return len(self.tasks)
 
     def __str__(self) -> str:
-        lines = [f"taskgraph({self.workers} workers) {{"]
+        order = "" if self.order == priority.CRITICAL_PATH else f", {self.order} order"
+        lines = [f"taskgraph({self.workers} workers{order}) {{"]
         for t, task in enumerate(self.tasks):
             args = " ".join(f"%{i}" for i in task.inputs)
             shape = f"{task.dtype}[{','.join(map(str, task.shape))}]"

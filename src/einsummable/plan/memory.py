@@ -5,9 +5,11 @@ Given each node's block counts across machines (``cm``) and, once chosen, within
 machine (``cc``), a machine holds ``bytes / (machine blocks of the output)`` of a node,
 times the partial sums its cores keep of it. The rules follow the lowering and the
 engines, and are checked against the simulator (tests/plan/test_memory_estimate.py):
-- order: nodes run in the engines' order, the longest chain of work after them first
-  (``engine_order``), so a value nothing waits on (a weight's gradient, the loss) runs
-  late and what it reads is held until then;
+- order: nodes run in the engines' order (``engine_order``, ir/priority.py): by
+  default the longest chain of work after them first, so a value nothing waits on (a
+  weight's gradient, the loss) runs late and what it reads is held until then; given a
+  ``budget`` that this order exceeds, the program's order is tried too, and the smaller
+  peak is the figure, its ``Memory.order`` the order the TaskGraph then carries;
 - graph inputs (parameters, optimizer state, data) are held for the whole step; every
   other value from the node that makes it to its last reader, a graph output to the end;
 - views (reshapes, complex views, the formation of a finished value or of a sum no
@@ -33,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -54,11 +56,14 @@ class Memory:
     activations: float  # intermediate values still to be read
     transient: float  # operand copies gathered for the node running at the peak
     at: int  # the node running at the peak
+    order: str = priority.CRITICAL_PATH  # the engines' order this peak is for
+    critical_path_peak: float | None = None  # in the program's order: the critical path's peak
 
     def describe(self) -> str:
+        order = "" if self.order == priority.CRITICAL_PATH else f", in the {self.order} order"
         return (f"{gib(self.peak)} GiB = inputs {gib(self.inputs)} + outputs {gib(self.outputs)}"
                 f" + activations {gib(self.activations)} + transient {gib(self.transient)}"
-                f" (at node %{self.at})")
+                f" (at node %{self.at}{order})")
 
 
 def gib(n: float) -> str:
@@ -147,9 +152,10 @@ def gathered(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequ
 
 
 def estimate(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequence[bool],
-             replicated: bool = False, cc: Sequence[Counts] | None = None, cores: int = 1) -> Memory:
+             replicated: bool = False, cc: Sequence[Counts] | None = None, cores: int = 1,
+             budget: float | None = None) -> Memory:
     """The peak of one machine holding an equal share of every node laid out by ``cm``
-    (and, when given, ``cc`` over its ``cores``)."""
+    (and, when given, ``cc`` over its ``cores``); ``budget``: see ``peak``."""
     size = shares(g, sps, cm, cc)
     copies = gathered(g, sps, cm, live, cc, cores)
     if replicated:  # whole state on every machine, which its readers need not gather
@@ -157,19 +163,29 @@ def estimate(g: EinGraph, sps: Sequence[Space], cm: Sequence[Counts], live: Sequ
         state = _inputs(g) | _outputs(g)
         size = np.where(state & (size > 0), whole, size)
         copies = [c for c in copies if not state[c[0]]]
-    return peak(g, sps, live, size[:, None], copies)
+    return peak(g, sps, live, size[:, None], copies, budget)
 
 
 def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarray,
-         copies: Sequence[tuple[int, list[int], float]] = ()) -> Memory:
+         copies: Sequence[tuple[int, list[int], float]] = (), budget: float | None = None) -> Memory:
     """The busiest machine's peak, given [nodes, machines] bytes held, and operand copies
     (the value copied, its readers and bytes on every machine) held from the value's
-    making to the last reader."""
+    making to the last reader. In the critical-path order, unless that peak exceeds
+    ``budget`` and the program's order gives a smaller one (ir/priority.py)."""
+    first = _peak(g, sps, live, size, copies, priority.CRITICAL_PATH)
+    if budget is None or first.peak <= budget:
+        return first
+    other = _peak(g, sps, live, size, copies, priority.PROGRAM)
+    return replace(other, critical_path_peak=first.peak) if other.peak < first.peak else first
+
+
+def _peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarray,
+          copies: Sequence[tuple[int, list[int], float]], rule: str) -> Memory:
     n = len(g.nodes)
     if not n:
-        return Memory(0.0, 0.0, 0.0, 0.0, 0.0, 0)
+        return Memory(0.0, 0.0, 0.0, 0.0, 0.0, 0, rule)
     is_input, is_output = _inputs(g), _outputs(g)
-    order = engine_order(g, sps, live)
+    order = engine_order(g, sps, live, rule)
     alias = [holds_nothing(g, sps, v) or (isinstance(node, Formation) and not size[v].any())
              for v, node in enumerate(g.nodes)]
     start, end = _spans(g, live, order, alias)
@@ -195,21 +211,26 @@ def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarr
         activations=float(col[alive & ~is_input & ~is_output].sum()),
         transient=float(moved[t]),
         at=int(order[t]),
+        order=rule,
     )
 
 
-def engine_order(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> np.ndarray:
+def engine_order(g: EinGraph, sps: Sequence[Space], live: Sequence[bool],
+                 rule: str = priority.CRITICAL_PATH) -> np.ndarray:
     """Node ids in the order the engines run them when one core has work waiting: of the
-    ready nodes, the highest ranked first (ir/priority.py, as the engines and the simulator
-    rank tasks), ties by id. Work is flops plus bytes written. Unlike id order, this runs
-    a value nothing waits on (a weight's gradient, the loss) late, so what it reads is
-    held longer. Dead nodes go last."""
+    ready nodes, the highest ranked by ``rule`` first (ir/priority.py, as the engines and
+    the simulator rank tasks), ties by id. Work is flops plus bytes written. Unlike id
+    order, the critical path runs a value nothing waits on (a weight's gradient, the loss)
+    late, so what it reads is held longer. Dead nodes go last."""
     n = len(g.nodes)
     inputs = [node.inputs if live[v] else () for v, node in enumerate(g.nodes)]
     ptr, users = priority.readers(inputs)
     pending = [len(ins) for ins in inputs]
-    cost = [sps[v].flops + nbytes(g.nodes[v]) if live[v] else 0.0 for v in range(n)]
-    rank = priority.critical_path(cost, ptr, users)
+    if rule == priority.PROGRAM:
+        rank = priority.program(n)
+    else:
+        cost = [sps[v].flops + nbytes(g.nodes[v]) if live[v] else 0.0 for v in range(n)]
+        rank = priority.critical_path(cost, ptr, users)
     ready = [(-rank[v], v) for v in range(n) if live[v] and not pending[v]]
     heapq.heapify(ready)
     out = []

@@ -15,6 +15,7 @@ import numpy as np
 
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
+from einsummable.ir import priority
 from einsummable.ir.graph import EinGraph, Formation
 from einsummable.plan.memory import formed_in_place, gathered, holds_nothing, peak
 from einsummable.plan.partition import Partition
@@ -53,6 +54,12 @@ class Plan:
     @functools.cached_property
     def baselines(self) -> tuple[tuple[str, Summary], ...]:
         return self.others() if self.others is not None else ()
+
+    @property
+    def order(self) -> str:
+        """The engines' order of ready work this plan's memory figure assumes (ir/priority.py)."""
+        memory = self.summary.memory
+        return memory.order if memory is not None else priority.CRITICAL_PATH
 
     def out_partition(self, nid: int) -> Partition:
         return self.parts[nid].restrict(self.spaces[nid].out_dims)
@@ -100,7 +107,9 @@ def build(
             sizes = nbytes(node) * _out_share(sps[v], parts[v])
             np.add.at(held[v], np.array(placed.locs[v], dtype=np.int64) // cluster.cores, sizes)
     ones = [(1,) * len(c) for c in counts]  # one machine's view: its copies are within it
-    memory = peak(g, sps, live, held, gathered(g, sps, ones, live, counts, cluster.cores))
+    # one worker runs its tasks one at a time, in id order (engines/scheduler.py): the program's
+    budget = cluster.memory_per_machine if cluster.workers > 1 else 0.0
+    memory = peak(g, sps, live, held, gathered(g, sps, ones, live, counts, cluster.cores), budget)
     nic = float(placed.nic_in.max())
     extra = partial_seconds(g, sps, [p.counts for p in parts], cluster)
     compute = max(float(placed.seconds.max()),

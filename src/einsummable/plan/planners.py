@@ -116,12 +116,14 @@ def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: C
         tl, memory = twolevel.solve(g, outer, model, cluster, live, score, seeds, check_memory)
     else:
         tl = twolevel.expert(planner, g, sps, outer, live, cluster)
-        memory = estimate(g, outer, tl.cm, live, replicated=planner in baselines.REPLICATED)
+        memory = estimate(g, outer, tl.cm, live, replicated=planner in baselines.REPLICATED,
+                          budget=cluster.memory_per_machine)
         if check_memory and memory.peak > cluster.memory_per_machine:
             raise PlanMemoryError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} "
                                   f"GiB per machine on {cluster}: it needs {memory.describe()}", memory)
     # the partial sums of the cores' blocks count too, now that they are chosen
-    memory = estimate(g, outer, tl.cm, live, planner in baselines.REPLICATED, tl.cc, cluster.cores)
+    memory = estimate(g, outer, tl.cm, live, planner in baselines.REPLICATED, tl.cc, cluster.cores,
+                      cluster.memory_per_machine)
     isps, isize = twolevel.inner(g, outer, tl.cm)
     inner_model = CostModel(g, isps, cluster.cores, cluster, live, node_bytes=isize)
     within = inner_model.evaluate(tl.cc, live) * cluster.machines

@@ -179,7 +179,7 @@ def fit(g: EinGraph, outer: Sequence[Space], model: CostModel, cluster: Cluster,
             fits: list[tuple[float, list[Counts], Memory]] = []
             found = [_picks(model, eindecomp.solve(g, model, live, start)) for start in starts]
             for cm in [*found, *(list(seed) for seed in seeds)]:
-                memory = estimate(g, outer, cm, live)
+                memory = estimate(g, outer, cm, live, budget=cluster.memory_per_machine)
                 if best is None or memory.peak < best[1].peak:
                     best = (cm, memory)
                 if memory.peak <= cluster.memory_per_machine or not check_memory:

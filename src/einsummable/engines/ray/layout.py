@@ -54,7 +54,7 @@ def _inputs(rows) -> dict[int, list[tuple[str, Box, str]]]:
 def whole(tg: TaskGraph) -> Layout:
     """Every actor given the whole core-level TaskGraph (and the tasks' critical-path ranks)."""
     tasks = tg.tasks
-    rank = priority.ranks([t.inputs for t in tasks], [local.task_cost(t) for t in tasks])
+    rank = priority.ranks([t.inputs for t in tasks], [local.task_cost(t) for t in tasks], tg.order)
     machines = tg.workers // tg.cores
     inputs = _inputs((tg.machine_of(t.loc), (t.name, t.box, t.dtype))
                      for t in tasks if isinstance(t, InputTask))
