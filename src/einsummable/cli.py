@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import warnings
@@ -15,20 +16,20 @@ from pathlib import Path
 
 import numpy as np
 
-from einsummable.cli_plan import COMPARE_UP_TO, cmd_calibrate, cmd_plan, cmd_simulate
-from einsummable.errors import EinsummableError
+from einsummable.cli_args import DEMO_MODEL, DEMO_TRAIN, build_parser, join_negative_values
+from einsummable.cli_plan import cmd_calibrate, cmd_plan, cmd_simulate
+from einsummable.errors import CheckpointError, EinsummableError
+from einsummable.models import atomic
 from einsummable.models.llama import INDEX_ROLES, weights
 from einsummable.models.llama import tokenizer as tokenizers
 from einsummable.models.llama.data import BUNDLED, corpus, load_data
 from einsummable.models.llama.generate import Generator
-from einsummable.models.llama.model import PRESETS, LlamaConfig, init_params
+from einsummable.models.llama.model import LlamaConfig, init_params
 from einsummable.plan import report
 from einsummable.plan.plan import Plan
 from einsummable.progress import Progress
+from einsummable.train import checkpoint
 from einsummable.train.trainer import TrainConfig, Trainer
-
-DEMO_MODEL = PRESETS["demo"]
-DEMO_TRAIN = TrainConfig(batch=16, seq=64, steps=400, lr=3e-3, min_lr=3e-4, warmup=30)
 
 
 def run_training(trainer: Trainer, out: Path, save_every: int = 100, log_every: int = 0,
@@ -48,7 +49,7 @@ def run_training(trainer: Trainer, out: Path, save_every: int = 100, log_every: 
     print("settings: " + ", ".join(f"{k}={v}" for k, v in asdict(cfg).items()))
     print(_summary(trainer.program.plan))
     start, first = time.perf_counter(), trainer.step
-    with Progress(cfg.steps - trainer.step, "train", unit="step") as bar:
+    with Progress(cfg.steps, "train", unit="step", initial=trainer.step) as bar:
         while trainer.step < cfg.steps:
             loss = trainer.train_step()
             rate = tokens_per_step * (trainer.step - first) / (time.perf_counter() - start)
@@ -122,6 +123,7 @@ def sample_text(model_dir: Path, prompt: str, max_new_tokens: int, temperature: 
 
 def cmd_demo(args: argparse.Namespace) -> None:
     out = Path(args.out)
+    claim_out(out, None)
     train = TrainConfig(**(asdict(DEMO_TRAIN) | {"steps": args.steps}))
     trainer = Trainer(DEMO_MODEL, init_params(DEMO_MODEL, seed=0), train, corpus(),
                       engine=args.engine, workers=args.workers, data_source=BUNDLED,
@@ -136,21 +138,75 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    if args.save_every < 1 or args.log_every < 0:
-        raise EinsummableError(f"--save-every must be >= 1 and --log-every >= 0, got {args.save_every} "
-                               f"and {args.log_every}")
     source = str(Path(args.data).resolve()) if args.data else None
     merge = Path(args.merge) if args.merge else None
     if args.resume:
         trainer = _resume(args, source)
         out = Path(args.out or args.resume)
+        if merge is not None:
+            check_merge(merge, {"the base model": trainer.base_model, "--out": out, "--resume": args.resume})
         if trainer.step >= trainer.cfg.steps:  # a finished run, resumed only to merge it
             save_merged(trainer, merge)
             return
+        claim_out(out, Path(args.resume))
     else:
-        trainer = _new_run(args, source or BUNDLED)
         out = Path(args.out or "einsummable-run")
+        if merge is not None:
+            check_merge(merge, {"the base model (--model)": args.model, "--out": out})
+        claim_out(out, None, check_only=True)
+        trainer = _new_run(args, source or BUNDLED)
+        claim_out(out, None)
     run_training(trainer, out, args.save_every, args.log_every, merge)
+
+
+def claim_out(out: Path, resumed: Path | None, check_only: bool = False) -> None:
+    """Before step 1: ``out`` can be written, and a save there loses nothing. A checkpoint
+    there that is not the run being resumed is moved aside to ``OUT.old-N``, with a line that
+    says so; a directory of other files is refused."""
+    try:
+        target = atomic.writable(out)
+    except CheckpointError as err:
+        raise EinsummableError(f"--out {out}: {err}") from None
+    if (resumed is not None and target == Path(os.path.realpath(resumed))) or not _holds_files(target):
+        return
+    if not (target / checkpoint.META).is_file():
+        raise EinsummableError(f"--out {out} holds files that are not a checkpoint ({_some(target)}): a save "
+                               "replaces the directory whole; name a new or empty directory")
+    if check_only:
+        return
+    n = 1
+    while target.with_name(f"{target.name}.old-{n}").exists():
+        n += 1
+    aside = target.with_name(f"{target.name}.old-{n}")
+    os.replace(target, aside)
+    print(f"einsummable: {out} held an earlier run; moved it to {aside}", file=sys.stderr)
+
+
+def check_merge(merge: Path, others: dict[str, str | Path | None]) -> None:
+    """``--merge`` writes a new directory: not the base, the checkpoint or anything inside or
+    around them (merging into the base destroys it, into the checkpoint leaves a stale merge),
+    and not a directory that holds files already."""
+    try:
+        target = atomic.writable(merge)
+    except CheckpointError as err:
+        raise EinsummableError(f"--merge {merge}: {err}") from None
+    for what, other in others.items():
+        where = Path(os.path.realpath(other)) if other is not None else None
+        if where is not None and (target.is_relative_to(where) or where.is_relative_to(target)):
+            raise EinsummableError(f"--merge {merge} overlaps {what} {other}: the merge replaces its "
+                                   "directory whole; name a new directory for it")
+    if _holds_files(target):
+        raise EinsummableError(f"--merge {merge} holds files already ({_some(target)}): name a new or "
+                               "empty directory for the merged model")
+
+
+def _holds_files(directory: Path) -> bool:
+    return directory.is_dir() and any(directory.iterdir())
+
+
+def _some(directory: Path) -> str:
+    names = sorted(p.name for p in directory.iterdir())
+    return ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
 
 
 def _new_run(args: argparse.Namespace, source: str) -> Trainer:
@@ -158,6 +214,10 @@ def _new_run(args: argparse.Namespace, source: str) -> Trainer:
     spec = _read_json(Path(args.config)) if args.config else {}
     train = _train_config(spec.get("train", {}), args.steps, args.config, _overrides(args))
     options = {"engine": args.engine, "workers": args.workers, "data_source": source}
+    lora_flags = [f"--lora-{n}" for n in ("alpha", "targets") if getattr(args, f"lora_{n}") is not None]
+    if lora_flags and not train.lora_rank:
+        raise EinsummableError(f"{' and '.join(lora_flags)} shape(s) LoRA adapters, but no --lora-rank asks "
+                               "for them, so the whole model would be tuned: add --lora-rank N")
     if args.model:
         if "model" in spec:
             raise EinsummableError(f"--model {args.model} fine-tunes that model; {args.config} sets up a "
@@ -178,11 +238,6 @@ _OVERRIDES = ("seed", "lr", "batch", "seq", "lora_rank", "lora_alpha", "lora_tar
 
 def _overrides(args: argparse.Namespace) -> dict:
     return {name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None}
-
-
-def _targets(text: str) -> tuple[str, ...]:
-    """--lora-targets q,k,v,o (or q_proj,...) as module names."""
-    return tuple(t if t.endswith("_proj") else f"{t}_proj" for t in text.replace(" ", "").split(","))
 
 
 def _resume(args: argparse.Namespace, source: str | None) -> Trainer:
@@ -240,177 +295,32 @@ def _train_config(values: object, steps: int | None, where: str | None = None,
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as err:  # the shell passed bytes that are not UTF-8 (surrogate-escaped)
+        raise EinsummableError(f"--prompt is not UTF-8 text (the byte at character {err.start} is not); "
+                               "give the prompt as UTF-8") from None
     print(sample_text(Path(args.model), args.prompt, args.max_new_tokens, args.temperature, args.top_p,
                       args.engine, args.workers, args.seed))
 
 
-class _Help(argparse.RawDescriptionHelpFormatter):
-    """Help that shows each flag's default (when it has one worth showing) and keeps the
-    description's line breaks."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        hidden = action.default is None or action.default is False or action.default == argparse.SUPPRESS
-        shown = action.option_strings and not hidden
-        if shown and "default" not in text:
-            text += " (default: %(default)s)"
-        return text
-
-
-def _engine_help(p: argparse.ArgumentParser) -> None:
-    from einsummable.compile import DEFAULT_ENGINE, ENGINES
-
-    p.add_argument("--workers", type=int, default=None, metavar="N", help="workers (default: all cores)")
-    p.add_argument("--engine", default=None, choices=sorted(ENGINES), help=(
-        f"the engine that runs the program (default: {DEFAULT_ENGINE}; reference runs every node whole "
-        "with numpy; simulate only predicts a run, so it is for plan and the Python API)"))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``einsummable`` argument parser (every flag with help, its default and its choices)."""
-    from einsummable.plan.planners import PLANNERS
-
-    parser = argparse.ArgumentParser(prog="einsummable", formatter_class=_Help,
-                                     usage="%(prog)s [-h] [--version] [--debug] COMMAND ...")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    parser.add_argument("--debug", action="store_true",
-                        help="on an error, show the full traceback rather than a one-line message")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help=argparse.SUPPRESS)
-
-    def command(name: str, text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=text, description=text, formatter_class=_Help)
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="on an error, show the full traceback rather than a one-line message")
-        return p
-
-    demo = command("demo", "train a small byte-level Llama on the bundled corpus, then sample")
-    demo.add_argument("--steps", type=int, default=DEMO_TRAIN.steps, metavar="N", help="training steps")
-    demo.add_argument("--out", default="einsummable-demo", metavar="DIR",
-                      help="where the model, optimizer state and loss plot go")
-    _engine_help(demo)
-    demo.set_defaults(fn=cmd_demo)
-
-    train = command("train", "train a Llama on a text file (byte-level), or fine-tune one (--model)")
-    train.add_argument("--config", metavar="FILE",
-                       help='JSON: {"model": {...LlamaConfig}, "train": {...TrainConfig}}')
-    train.add_argument("--data", metavar="FILE", help=(
-        "a text file (default: the bundled corpus; with --resume, the data the "
-        "checkpoint trained on, which must be unchanged)"))
-    train.add_argument("--model", metavar="DIR", help=(
-        "fine-tune this Hugging Face Llama (config.json, weights and tokenizer), the data tokenized with "
-        "its tokenizer, rather than train a new byte-level model"))
-    train.add_argument("--resume", metavar="DIR", help="a checkpoint directory written by train or demo")
-    train.add_argument("--steps", type=int, default=None, metavar="N", help=(
-        "the step to train up to (a total, not a count of more steps): a new run trains N steps; with "
-        "--resume the run goes on from its checkpoint's step to step N, the cosine schedule stretched to "
-        "end at N (default: the config's, or the checkpoint's)"))
-    train.add_argument("--out", default=None, metavar="DIR", help=(
-        "the checkpoint directory (default: einsummable-run; with --resume, the resumed one)"))
-    for flag, kind, text in (("--seed", int, "the seed of the initial weights and the batches"),
-                             ("--lr", float, "the peak learning rate"),
-                             ("--batch", int, "sequences per step"), ("--seq", int, "tokens per sequence")):
-        train.add_argument(flag, type=kind, default=None, metavar="N" if kind is int else "X",
-                           help=f"{text}, over the config's (default: the config's; refused with --resume)")
-    train.add_argument("--lora-rank", type=int, default=None, metavar="N", help=(
-        "train LoRA adapters of rank N on the frozen weights of --model; checkpoints hold the adapters in "
-        "PEFT's layout (adapter_config.json, adapter_model.safetensors)"))
-    train.add_argument("--lora-alpha", type=float, default=None, metavar="X",
-                       help=f"the adapters add (X / N) B A (default: {TrainConfig.lora_alpha:g})")
-    train.add_argument("--lora-targets", type=_targets, default=None, metavar="LIST", help=(
-        "the projections that get adapters, from q,k,v,o,gate,up,down (default: q,k,v,o)"))
-    train.add_argument("--freeze", action="append", default=None, metavar="PATTERN", help=(
-        "do not train the parameters whose names match: a glob (model.layers.0.*) or re:REGEX; "
-        "repeatable"))
-    train.add_argument("--merge", metavar="DIR", help=(
-        "at the end, also write the merged model (adapters folded into the weights) in the Hugging "
-        "Face layout, for transformers and generate; with a finished --resume, only that"))
-    train.add_argument("--save-every", type=int, default=100, metavar="N",
-                       help="save a checkpoint every N steps (and at the end)")
-    train.add_argument("--log-every", type=int, default=0, metavar="N",
-                       help="print a loss line every N steps (0: the progress bar only)")
-    _engine_help(train)
-    train.set_defaults(fn=cmd_train)
-
-    gen = command("generate", "sample from a saved model")
-    gen.add_argument("--model", required=True, metavar="DIR",
-                     help="a directory with config.json and model.safetensors (required)")
-    gen.add_argument("--prompt", required=True, help="the text to continue (required)")
-    gen.add_argument("--max-new-tokens", type=int, default=100, metavar="N", help="tokens to sample")
-    gen.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy")
-    gen.add_argument("--top-p", type=float, default=0.9, help="nucleus sampling: the probability mass kept")
-    gen.add_argument("--seed", type=int, default=0, help="the sampler's random seed")
-    _engine_help(gen)
-    gen.set_defaults(fn=cmd_generate)
-
-    plan = command("plan", "show the EinDecomp plan of a Llama for a cluster, without running it")
-    plan.add_argument("--model", default="llama-7b", help=f"one of {sorted(PRESETS)}, or a config.json")
-    plan.add_argument("--cluster", metavar="FILE",
-                      help="a cluster JSON file, as written by einsummable calibrate")
-    plan.add_argument("--machines", type=int, default=None, help="default: the cluster file's, else 1")
-    plan.add_argument("--cores", type=int, default=None, help="default: the cluster file's, else 64")
-    plan.add_argument("--memory", default=None,
-                      help="memory per machine, e.g. 256GiB (default: the cluster's)")
-    plan.add_argument("--optimizer", choices=["adamw", "none"], default="adamw",
-                      help="train mode: include AdamW's update and moments, or stop at the gradients")
-    plan.add_argument("--batch", type=int, default=8, help="sequences per step")
-    plan.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
-    plan.add_argument("--mode", choices=["train", "infer"], default="train",
-                      help="a training step (forward, backward, optimizer) or a forward pass")
-    plan.add_argument("--planner", default="eindecomp", choices=list(PLANNERS),
-                      help="eindecomp, or an expert baseline to compare with")
-    plan.add_argument("--full", action="store_true", help="one line per node, not just the summary")
-    plan.add_argument("--compare", choices=["auto", "yes", "no"], default="auto",
-                      help=f"also plan every baseline (auto: up to {COMPARE_UP_TO} workers)")
-    plan.set_defaults(fn=cmd_plan)
-
-    cal = command("calibrate", "measure this machine's rates and write a cluster JSON file")
-    cal.add_argument("--machines", type=int, default=1, help="machines like this one in the cluster")
-    cal.add_argument("--cores", type=int, default=None, help="cores per machine (default: all)")
-    cal.add_argument("--out", default="cluster.json", metavar="FILE", help="the file to write")
-    cal.set_defaults(fn=cmd_calibrate)
-
-    simul = command("simulate", "predict a Llama training step on a cluster, machine by machine")
-    simul.add_argument("--model", default="llama-7b", help=f"one of {sorted(PRESETS)}")
-    simul.add_argument("--cluster", metavar="FILE",
-                       help="a cluster JSON file, as written by einsummable calibrate")
-    simul.add_argument("--machines", type=int, default=None, help="default: the cluster file's, else 1")
-    simul.add_argument("--cores", type=int, default=None, help="default: the cluster file's, else 64")
-    simul.add_argument("--memory", default=None,
-                       help="memory per machine, e.g. 256GiB (default: the cluster's)")
-    simul.add_argument("--optimizer", choices=["adamw", "none"], default="adamw",
-                       help="include AdamW's update and moments, or stop at the gradients")
-    simul.add_argument("--batch", type=int, default=8, help="sequences per step")
-    simul.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
-    simul.add_argument("--planner", default="eindecomp", choices=list(PLANNERS),
-                       help="eindecomp, or an expert baseline to compare with")
-    simul.add_argument("--json", metavar="FILE", help="also write the figures to this JSON file")
-    simul.add_argument("--trace", metavar="FILE",
-                       help="write the predicted timeline: Chrome trace JSON, or *.png (Gantt)")
-    simul.set_defaults(fn=cmd_simulate)
-
-    width = max(len(a.dest) for a in sub._choices_actions)
-    commands = "\n".join(f"  {a.dest:<{width}}  {a.help}" for a in sub._choices_actions)
-    parser.description = (f"{__doc__.splitlines()[0]}\n\ncommands:\n{commands}\n\n"
-                          "`einsummable COMMAND --help` shows a command's flags.")
-    return parser
-
-
-def _version() -> str:
-    from einsummable import __version__
-
-    return __version__
+COMMANDS = {"demo": cmd_demo, "train": cmd_train, "generate": cmd_generate, "plan": cmd_plan,
+            "calibrate": cmd_calibrate, "simulate": cmd_simulate}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a user's error is one line on stderr and exit status 2 (``--debug``: the
     traceback too)."""
-    args = build_parser().parse_args(argv)
+    try:  # a bad flag: argparse's usage and its one-line reason, exit status 2; --help: 0
+        args = build_parser().parse_args(join_negative_values(sys.argv[1:] if argv is None else argv))
+    except SystemExit as done:
+        return int(done.code or 0)
     try:
         if getattr(args, "engine", None) == "simulate":
             raise EinsummableError(f"{args.command} --engine simulate: the simulate engine computes "
                                    "nothing, it only predicts a run; `einsummable plan` shows the "
                                    "prediction, and --engine local runs it")
-        args.fn(args)
+        COMMANDS[args.command](args)
     except (EinsummableError, OSError) as err:
         if args.debug:
             raise

@@ -13,8 +13,9 @@ from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
-from einsummable.errors import EinsummableError
+from einsummable.errors import ConfigError, EinsummableError
 from einsummable.frontend.tensor import Graph
+from einsummable.hardware.calibrate import physical_memory
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.fuse import fuse
 from einsummable.ir.graph import EinGraph
@@ -32,15 +33,8 @@ COMPARE_UP_TO = 512  # placing all four baselines for 2048 workers takes minutes
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    if args.model in PRESETS:
-        cfg = PRESETS[args.model]
-    elif Path(args.model).exists():
-        path = Path(args.model)
-        config = json.loads(path.read_text()) if path.is_file() else None
-        cfg = LlamaConfig.from_hf(config) if config is not None else weights.load_config(path)
-    else:
-        raise EinsummableError(f"unknown model {args.model!r}; name one of {sorted(PRESETS)} or a config")
-    cluster = plan_cluster(args)
+    cfg = _model(args.model)
+    cluster, memory_from = plan_cluster(args)
     if args.mode == "train":
         g = training_graph(cfg, args.batch, args.seq, args.optimizer)
     else:
@@ -48,9 +42,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
     n_params = sum(math.prod(s) for s in cfg.parameter_shapes().values())
     ir = fuse(g.ir)  # what compile plans
     print(f"{args.model}: {n_params / 1e6:,.1f}M parameters, {args.mode} at batch {args.batch} x "
-          f"seq {args.seq}, {len(g.ir)} graph nodes ({len(ir)} fused), on {cluster.machines} x "
-          f"{cluster.cores} workers, "
-          f"{cluster.memory_per_machine / 2**30:.4g} GiB per machine")
+          f"seq {args.seq}, {len(g.ir)} graph nodes ({len(ir)} fused)\n"
+          f"on {cluster.machines} x {cluster.cores} workers, "
+          f"{cluster.memory_per_machine / 2**30:.4g} GiB per machine ({memory_from})")
     compare = args.compare == "yes" or (args.compare == "auto" and cluster.workers <= COMPARE_UP_TO)
     start = time.perf_counter()
     plan = plan_with_progress(ir, cluster, args.planner, compare)
@@ -58,6 +52,28 @@ def cmd_plan(args: argparse.Namespace) -> None:
           + (" (with the baselines)" if compare else
              " (baselines not planned: add --compare yes to see them side by side)"))
     print(plan if args.full else report.brief(plan, INDEX_ROLES))
+
+
+def _model(name: str) -> LlamaConfig:
+    """A preset, a Hugging Face config.json, or a model directory holding one."""
+    if name in PRESETS:
+        return PRESETS[name]
+    path = Path(name)
+    if path.is_dir():
+        return weights.load_config(path)
+    if not path.exists():
+        raise EinsummableError(f"--model {name}: no such preset or file; name one of {sorted(PRESETS)}, "
+                               "a config.json, or a model directory")
+    try:
+        config = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise ConfigError(f"--model {name}: cannot read it ({err.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ConfigError(f"--model {name}: not a JSON config ({err})") from None
+    try:
+        return LlamaConfig.from_hf(config)
+    except ConfigError as err:
+        raise ConfigError(f"--model {name}: {err}") from None
 
 
 def plan_with_progress(g: EinGraph, cluster: Cluster, planner: str, compare: bool) -> Plan:
@@ -99,25 +115,32 @@ def inference_graph(cfg: LlamaConfig, batch: int, seq: int) -> Graph:
     return g
 
 
-UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 def parse_bytes(text: str) -> float:
-    """``256GiB``, ``64 GB``, ``1e9``: a byte count."""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
+    """``256GiB``, ``64 GB``, ``1e9B``: a byte count. The unit is required: a bare 256 meant as
+    GiB would otherwise plan for 256 bytes."""
+    m = re.fullmatch(r"\s*(-?[0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
     unit = m.group(2).upper() if m else None
     if m is None or unit not in UNITS:
-        raise EinsummableError(f"--memory {text!r}: expected a number and a unit such as 256GiB or 64GB")
+        hint = f" (bytes? write {text.strip()}B)" if m is not None and not unit else ""
+        raise EinsummableError(f"--memory {text!r}: expected a number and a unit such as 256GiB or "
+                               f"64GB{hint}")
     try:
-        return float(m.group(1)) * UNITS[unit]
-    except ValueError as err:
-        raise EinsummableError(f"--memory {text!r}: {m.group(1)!r} is not a number") from err
+        value = float(m.group(1)) * UNITS[unit]
+    except ValueError:
+        raise EinsummableError(f"--memory {text!r}: {m.group(1)!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise EinsummableError(f"--memory {text!r}: memory must be a positive amount")
+    return value
 
 
-def plan_cluster(args: argparse.Namespace) -> Cluster:
+def plan_cluster(args: argparse.Namespace) -> tuple[Cluster, str]:
     """``--cluster`` (a file from ``einsummable calibrate``), with --machines, --cores and
-    --memory overriding its figures when given."""
+    --memory overriding its figures when given; and where the memory figure comes from. With
+    neither a file nor --memory, a plan for one machine is for this one, with its memory."""
     cluster = Cluster.from_json(args.cluster) if args.cluster else Cluster(machines=1, cores=64)
     changes: dict[str, float | int] = {}
     if args.machines is not None:
@@ -126,7 +149,15 @@ def plan_cluster(args: argparse.Namespace) -> Cluster:
         changes["cores"] = args.cores
     if args.memory is not None:
         changes["memory_per_machine"] = parse_bytes(args.memory)
-    return replace(cluster, **changes)
+        source = "--memory"
+    elif args.cluster:
+        source = f"from {args.cluster}"
+    elif changes.get("machines", 1) == 1:
+        changes["memory_per_machine"] = physical_memory()
+        source = "this machine's memory; --memory sets another"
+    else:
+        source = "assumed; --memory sets it"
+    return replace(cluster, **changes), source
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
@@ -136,12 +167,10 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     from einsummable.errors import PlanError
     from einsummable.lower.cluster import cluster_graph
 
-    if args.model not in PRESETS:
-        raise EinsummableError(f"unknown model {args.model!r}; name one of {sorted(PRESETS)}")
-    cfg, cluster = PRESETS[args.model], plan_cluster(args)
+    cfg, (cluster, memory_from) = _model(args.model), plan_cluster(args)
     g = fuse(training_graph(cfg, args.batch, args.seq, args.optimizer).ir)  # what compile plans
     print(f"{args.model} training step, batch {args.batch} x seq {args.seq}: {len(g)} graph nodes "
-          f"(fused), on {cluster}")
+          f"(fused), on {cluster} (memory: {memory_from})")
     start = time.perf_counter()
     try:
         plan = make_plan(g, cluster, args.planner, compare=False)

@@ -11,20 +11,21 @@ CLEAR_TO_END = "\x1b[K"  # so a shorter line leaves nothing of a longer one behi
 
 
 class Progress:
-    """``with Progress(total, "train") as bar: bar.update(1, loss=2.3)``."""
+    """``with Progress(total, "train") as bar: bar.update(1, loss=2.3)``; ``initial``: the part
+    done before (a resumed run's steps), counted in the bar but not in the rate."""
 
     def __init__(self, total: int, label: str, unit: str = "it", stream: TextIO | None = None,
-                 every: int = 0, use_tqdm: bool = True) -> None:
+                 every: int = 0, use_tqdm: bool = True, initial: int = 0) -> None:
         self.total = total
         self.label = label
         self.unit = unit
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.every = every or max(1, total // 10)
-        self.done = 0
+        self.done = self.initial = initial
         self.start = time.perf_counter()
         self.fields: dict[str, str] = {}
-        self._tqdm = _tqdm(total, label, unit, self.stream) if self.tty and use_tqdm else None
+        self._tqdm = _tqdm(total, label, unit, self.stream, initial) if self.tty and use_tqdm else None
 
     def update(self, n: int = 1, **fields: object) -> None:
         self.done += n
@@ -45,7 +46,7 @@ class Progress:
         frac = min(1.0, self.done / self.total) if self.total else 1.0
         width = 24
         bar = "#" * int(frac * width) + "-" * (width - int(frac * width))
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        rate = (self.done - self.initial) / elapsed if elapsed > 0 else 0.0
         left = max(0, self.total - self.done)
         eta = _clock(left / rate) if rate > 0 else "?"
         extra = " ".join(f"{k}={v}" for k, v in self.fields.items())
@@ -63,12 +64,12 @@ class Progress:
             self.stream.flush()
 
 
-def _tqdm(total: int, label: str, unit: str, stream: TextIO) -> object | None:
+def _tqdm(total: int, label: str, unit: str, stream: TextIO, initial: int) -> object | None:
     try:
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, desc=label, unit=unit, file=stream, dynamic_ncols=True)
+    return tqdm(total=total, desc=label, unit=unit, file=stream, dynamic_ncols=True, initial=initial)
 
 
 def _clock(seconds: float) -> str:

@@ -145,6 +145,6 @@ def test_cli_generate_refuses_what_the_api_refuses(tmp_path, capsys):
     weights.save(tmp_path / "m", cfg, init_params(cfg, seed=0), tokenizer="bytes")
     base = ["generate", "--model", str(tmp_path / "m"), "--prompt", "ab", "--engine", "reference"]
     assert cli.main([*base, "--max-new-tokens", "0"]) == 2
-    assert "max_new_tokens must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert "argument --max-new-tokens: expected an integer >= 1, got 0" in capsys.readouterr().err
     assert cli.main([*base, "--top-p", "0"]) == 2
-    assert "top_p must be a number in (0, 1], got 0.0" in capsys.readouterr().err
+    assert "argument --top-p: expected a number in (0, 1], got 0" in capsys.readouterr().err

@@ -261,7 +261,7 @@ def test_cli_flags_override_the_config_and_are_refused_on_resume(tmp_path, capsy
         assert _train("--resume", run, "--steps", 6, flag, value) == 2
         assert f"{flag} set up a new run" in capsys.readouterr().err
     assert _train("--resume", run, "--steps", 5, "--save-every", 0) == 2
-    assert "--save-every must be >= 1" in capsys.readouterr().err
+    assert "argument --save-every: expected an integer >= 1, got 0" in capsys.readouterr().err
     assert _train("--resume", run, "--steps", 5, "--log-every", 1) == 0  # intervals don't change the run
     assert "step 5: loss" in capsys.readouterr().out
 

@@ -127,7 +127,7 @@ def test_cli_plan_describes_a_cluster_without_running(capsys):
     out = capsys.readouterr().out
     assert "2 x 3 workers" in out and "eindecomp *" in out and "data_parallel" in out
     assert cli.main(["plan", "--model", "nope"]) == 2
-    assert "unknown model" in capsys.readouterr().err
+    assert "--model nope: no such preset or file" in capsys.readouterr().err
 
 
 def test_bf16_training_keeps_f32_masters_and_moments_and_resumes(tmp_path):

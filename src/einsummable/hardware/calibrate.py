@@ -120,15 +120,19 @@ def node_cost(cores: int) -> float:
                              for e, n in NODE_JOINS)
 
 
+def physical_memory() -> float:
+    """This machine's memory in bytes."""
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
 def rates(cores: int) -> dict[str, float]:
     """This machine's measured Cluster fields (rates and memory) with ``cores`` busy cores."""
     with threadpool_limits(1, "blas"):
         gemm = 2 * GEMM_N**3 / _per_core_seconds(cores, _gemm)
         elementwise = 2 * ELEMENTS / _per_core_seconds(cores, _elementwise)
         copy = 4 * COPY_ELEMENTS / _per_core_seconds(cores, _copy)
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return {"flops_per_core": gemm, "bandwidth_within": copy, "elementwise_flops_per_core": elementwise,
-            "copy_bandwidth": copy, "memory_per_machine": float(memory),
+            "copy_bandwidth": copy, "memory_per_machine": physical_memory(),
             "elementwise_node_cost": node_cost(cores)} | dispatch(cores)
 
 

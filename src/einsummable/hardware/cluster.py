@@ -101,7 +101,8 @@ class Cluster:
         from einsummable.hardware.calibrate import rates  # numpy timing loops, loaded only when asked
 
         available = _available_cores()
-        cores = cores or available
+        cores = available if cores is None else cores
+        Cluster(machines=machines, cores=cores)  # checks the counts before seconds of timing
         threads = blas_threads or (available if cores == 1 else 1)
         return Cluster(machines=machines, cores=cores, blas_threads=threads, **rates(cores))
 

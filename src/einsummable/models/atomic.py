@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,24 @@ def _resolve(directory: str | Path) -> Path:
                               "saving replaces the directory whole; name a subdirectory")
     if target.exists() and not target.is_dir():
         raise CheckpointError(f"{target} is a file; a checkpoint is a directory")
+    return target
+
+
+def writable(directory: str | Path) -> Path:
+    """The directory a save of ``directory`` would replace, once the folder it goes in (its
+    parent, or the nearest one above it that exists) has taken a new entry: an unusable place
+    is found before the work whose result it would hold, not at the first save."""
+    target = _resolve(directory)
+    parent = target.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise CheckpointError(f"cannot save a checkpoint as {target}: {parent} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=f".{target.name}.einsummable-probe-"))
+    except OSError as err:
+        raise CheckpointError(f"cannot save a checkpoint as {target}: cannot write in {parent} "
+                              f"({err.strerror})") from None
     return target
 
 

@@ -118,7 +118,8 @@ def _is_real(x: object) -> bool:
 _SETTING = {"int": _is_int, "float": _is_real, "float | None": lambda x: x is None or _is_real(x),
             "bool": lambda x: isinstance(x, bool),
             "tuple[str, ...]": lambda x: isinstance(x, tuple) and all(isinstance(s, str) for s in x)}
-_AT_LEAST = {"batch": 1, "seq": 1, "steps": 1, "accum": 1, "warmup": 0, "seed": 0, "lora_rank": 0}
+_AT_LEAST = {"batch": 1, "seq": 1, "steps": 1, "accum": 1, "warmup": 0, "seed": 0, "lora_rank": 0,
+             "lr": 0, "min_lr": 0, "weight_decay": 0, "beta1": 0, "beta2": 0}
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -96,7 +96,8 @@ class LlamaConfig:
     def from_hf(config: dict) -> LlamaConfig:
         """Our config from a Hugging Face config.json's dict, or a ConfigError naming the field."""
         if not isinstance(config, dict):
-            raise ConfigError(f"a config must be a JSON object, got {type(config).__name__}")
+            got = "null" if config is None else type(config).__name__
+            raise ConfigError(f"a config must be a JSON object, got {got}")
         unknown = sorted(set(config) - set(_FIELDS) - set(_IGNORED) - set(_CHECKED))
         if unknown:
             raise ConfigError(f"unknown field(s) {unknown}: einsummable cannot tell whether they change "

@@ -91,7 +91,11 @@ class HFTokenizer:
             raise EinsummableError(
                 "tokenizer.json needs the 'tokenizers' package: pip install tokenizers"
             ) from None
-        self._tok = _Tokenizer.from_file(str(path))
+        try:
+            self._tok = _Tokenizer.from_file(str(path))
+        except Exception as err:  # tokenizers raises a bare Exception for any file it cannot read
+            raise CheckpointError(f"{path}: not a tokenizer file the tokenizers package can read "
+                                  f"({err})") from None
         self.vocab_size = self._tok.get_vocab_size()
         self.eos_id = eos_id
 
@@ -112,7 +116,10 @@ class SentencePieceTokenizer:
             raise EinsummableError(
                 "tokenizer.model needs the 'sentencepiece' package: pip install sentencepiece"
             ) from None
-        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except (OSError, RuntimeError) as err:
+            raise CheckpointError(f"{path}: not a sentencepiece model ({err})") from None
         self.vocab_size = self._sp.get_piece_size()
         eos = self._sp.eos_id()
         self.eos_id = eos if eos >= 0 else None

@@ -43,6 +43,9 @@ def to_hf(cfg: LlamaConfig, name: str, w: np.ndarray) -> np.ndarray:
 
 def load_config(model_dir: str | Path) -> LlamaConfig:
     path = Path(model_dir) / "config.json"
+    if not Path(model_dir).is_dir():
+        what = "is a file, not a model directory" if Path(model_dir).exists() else "no such directory"
+        raise CheckpointError(f"{model_dir}: {what} (a model directory holds config.json and the weights)")
     if not path.is_file():
         if (Path(model_dir) / "adapter_config.json").is_file():
             raise CheckpointError(f"{model_dir} holds LoRA adapters, not a model: merge them into their base "
