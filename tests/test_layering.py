@@ -17,6 +17,7 @@ Imports inside functions count too; the few deliberate lazy edges are listed wit
 """
 
 import ast
+import itertools
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ ALLOWED = {
 TOP = {"einsummable", "__main__", "compile", "cli", "cli_args", "cli_plan", "models", "train", "workloads"}
 # (importer, imported): why the lower module may reach up, inside a function only
 LAZY = {
-    ("einsummable.hardware.cluster", "einsummable.engines.ray.nodes"):
+    ("einsummable.hardware.cluster", "einsummable.engines.ray_nodes"):
         "Cluster.from_ray reuses the Ray engine's node discovery; Ray stays an optional extra",
     ("einsummable.hardware.calibrate", "einsummable.engines.cbuild"):
         "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
@@ -45,7 +46,7 @@ LAZY = {
         "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
     ("einsummable.hardware.calibrate", "einsummable.engines.native"):
         "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
-    ("einsummable.hardware.calibrate", "einsummable.engines.ray.nodes"):
+    ("einsummable.hardware.calibrate", "einsummable.engines.ray_nodes"):
         "calibrate.ray_link measures machines 0 and 1 as the Ray engine orders its nodes",
     ("einsummable.hardware.calibrate", "einsummable.engines.local"):
         "Cluster.measure times the local engine's own cost per task (calibrate.dispatch)",
@@ -131,6 +132,127 @@ def test_no_import_cycles_between_files():
     graph = {m: set(imports(m)) for m in MODULES}
     cycles = [c for c in _strongly_connected(graph) if len(c) > 1]
     assert not cycles, f"import cycles: {[sorted(c) for c in cycles]}"
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def package_edges(module: str, source: str | None = None) -> dict[str, int]:
+    """What running ``module`` (``source``: its text, read from disk when not given) makes
+    Python import -> the line of the first import that does: the module named and every
+    package on the way to it, so ``from einsummable.models.llama import lora`` imports
+    einsummable.models, einsummable.models.llama and einsummable.models.llama.lora, and
+    ``from pkg import name`` imports pkg's ``__init__`` whatever name is. Imports inside
+    functions count (they run at call time); those under ``if TYPE_CHECKING:`` do not.
+
+    The packages that hold ``module`` itself are left out where they are only on the way
+    (``from einsummable.errors import X`` does not import ``einsummable``): Python starts
+    them before ``module`` and only looks them up there. Named outright (``import
+    einsummable``, ``from einsummable import X``, ``from . import x``), they count."""
+    tree = ast.parse(MODULES[module].read_text() if source is None else source)
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _type_checking(node):
+            skip |= {id(n) for stmt in node.body for n in ast.walk(stmt)}
+    held = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+    if MODULES[module].name == "__init__.py":
+        held.add(module)
+    out: dict[str, int] = {}
+
+    def add(target: str, named: bool, line: int) -> None:
+        parts = target.split(".")
+        for i in range(1, len(parts) + 1):
+            name = ".".join(parts[:i])
+            if name in MODULES and name != module and (name not in held or (named and i == len(parts))):
+                out.setdefault(name, line)
+
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "einsummable":
+                    add(a.name, True, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(module, node)
+            if base.split(".")[0] != "einsummable":
+                continue
+            add(base, True, node.lineno)
+            for a in node.names:
+                if f"{base}.{a.name}" in MODULES:
+                    add(f"{base}.{a.name}", True, node.lineno)
+    return out
+
+
+def _cycle(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """One cycle through ``component`` (strongly connected), shortest from its first name."""
+    start = min(component)
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        step = []
+        for v in frontier:
+            for w in sorted(graph[v] & component):
+                if w == start:
+                    chain = [v]
+                    while chain[-1] != start:
+                        chain.append(previous[chain[-1]])
+                    return [*reversed(chain), start]
+                if w not in previous:
+                    previous[w] = v
+                    step.append(w)
+        frontier = step
+    raise AssertionError(f"{sorted(component)} is not strongly connected")
+
+
+def test_no_import_cycles_through_packages():
+    """Issue 32: no cycle, counting ``from pkg import sub`` as importing pkg/__init__.py. A
+    package's ``__init__`` imports its submodules (and einsummable's re-exports the public
+    API), so a module that imports its own package (``import einsummable``, ``from
+    einsummable.models.llama import weights``) closes a loop: import from the defining
+    module instead (``from einsummable.models.llama.weights import ...``)."""
+    edges = {m: package_edges(m) for m in MODULES}
+    graph = {m: set(e) for m, e in edges.items()}
+    chains = []
+    for component in _strongly_connected(graph):
+        if len(component) > 1:
+            chain = _cycle(graph, component)
+            where = [f"    {a} -> {b}: {MODULES[a].relative_to(SRC.parent)}:{edges[a][b]}"
+                     for a, b in itertools.pairwise(chain)]
+            chains.append(" -> ".join(chain) + "\n" + "\n".join(where))
+    assert not chains, "import cycles (one per tangle):\n" + "\n".join(chains)
+
+
+def test_the_package_scan_counts_every_package_on_the_way():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from einsummable.errors import ConfigError\n"
+        "from einsummable.models.llama import safetensors_io\n"
+        "from . import config\n"
+        "from .model import forward\n"
+        "import einsummable.plan.plan\n"
+        "def f():\n"
+        "    from einsummable import Graph\n"
+        "if TYPE_CHECKING:\n"
+        "    from einsummable.train.trainer import Trainer\n"
+    )
+    assert set(package_edges("einsummable.models.llama.lora", source)) == {
+        "einsummable.errors",
+        "einsummable.models.llama",
+        "einsummable.models.llama.safetensors_io",
+        "einsummable.models.llama.config",
+        "einsummable.models.llama.model",
+        "einsummable.plan",
+        "einsummable.plan.plan",
+        "einsummable",
+    }
+    init = "from einsummable.models.llama.api import Model\n"  # a package's __init__ imports its own
+    assert set(package_edges("einsummable.models.llama", init)) == {"einsummable.models.llama.api"}
+    graph = {"a": {"b"}, "b": {"c", "a"}, "c": {"a"}}
+    assert _cycle(graph, {"a", "b", "c"}) == ["a", "b", "a"]
 
 
 def test_the_import_scan_sees_every_spelling():

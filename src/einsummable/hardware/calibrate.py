@@ -256,7 +256,7 @@ def ray_link(repeats: int = 7, burst: int = 6) -> dict[str, float]:
                 out.append(time.perf_counter() - t0)
             return statistics.median(out[1:])
 
-    from einsummable.engines.ray.nodes import live_nodes  # machines 0 and 1 as the engine orders them
+    from einsummable.engines.ray_nodes import live_nodes  # machines 0 and 1 as the engine orders them
 
     hosts = [n["NodeID"] for n in live_nodes()][:2]
     if len(hosts) < 2:

@@ -144,7 +144,7 @@ class Cluster:
         sets the rates (flops_per_core, bandwidths, ...) that Ray cannot know.
         """
         try:  # the Ray engine's own node discovery, so plan and engine agree on the machines
-            from einsummable.engines.ray.nodes import live_nodes
+            from einsummable.engines.ray_nodes import live_nodes
         except ModuleNotFoundError as err:  # Ray is an optional extra: the planner itself never needs it
             raise PlanError("Cluster.from_ray needs Ray: pip install 'einsummable[ray]'") from err
         cpus = [int(n["Resources"]["CPU"]) for n in live_nodes(address)]

@@ -53,7 +53,7 @@ session next reads it; it is never zeroed. Every wait has a deadline
     prog.run({"x": X})
 """
 
-from einsummable.engines.ray.nodes import connect, live_nodes, nodes
 from einsummable.engines.ray.program import RayBlocks, RayProgram
+from einsummable.engines.ray_nodes import connect, live_nodes, nodes
 
 __all__ = ["RayBlocks", "RayProgram", "connect", "live_nodes", "nodes"]

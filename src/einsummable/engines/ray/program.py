@@ -21,7 +21,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.engines.ray.actor import Machine, contiguous
 from einsummable.engines.ray.layout import Layout, whole
-from einsummable.engines.ray.nodes import connect, nodes
+from einsummable.engines.ray_nodes import connect, nodes
 from einsummable.errors import EngineError
 from einsummable.ir.box import Box, intersect, slices, within
 from einsummable.lower.taskgraph import TaskGraph

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+import einsummable.models.llama.model as llama
+import einsummable.models.llama.tokenizer as tokenizers
+import einsummable.models.llama.weights as weights
 from einsummable.compile import Session, compile
 from einsummable.errors import CheckpointError, ConfigError, FeedError, ShapeError
 from einsummable.frontend.tensor import Graph
 from einsummable.ir.dtypes import to_numpy
-from einsummable.models.llama import model as llama
-from einsummable.models.llama import tokenizer as tokenizers
-from einsummable.models.llama import weights
 from einsummable.models.llama.config import LlamaConfig
 from einsummable.models.llama.generate import Generator, check_sampling
 from einsummable.models.llama.tokenizer import Tokenizer, TokenizerFiles

@@ -30,13 +30,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+import einsummable.models.llama.model as llama
 from einsummable.compile import Program, Session, compile
 from einsummable.errors import EinsummableError, FeedError
 from einsummable.frontend import builders
 from einsummable.frontend.tensor import Graph, Tensor, elementwise
 from einsummable.frontend.tensor_extras import argmax
 from einsummable.hardware.cluster import Cluster
-from einsummable.models.llama import model as llama
 from einsummable.models.llama.lora import LoraConfig
 from einsummable.models.llama.lora import shapes as lora_shapes
 from einsummable.models.llama.model import LlamaConfig

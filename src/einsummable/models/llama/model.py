@@ -18,9 +18,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-import einsummable as es
-from einsummable import Graph, Tensor, einsum, nn
+from einsummable.errors import GraphError
+from einsummable.frontend import nn
+from einsummable.frontend.builders import concat
 from einsummable.frontend.class_ids import mark_class_ids
+from einsummable.frontend.einsum import einsum
+from einsummable.frontend.tensor import Graph, Tensor, elementwise
 from einsummable.models.llama.config import LlamaConfig
 from einsummable.models.llama.lora import LoraConfig
 from einsummable.models.llama.lora import shapes as adapter_shapes
@@ -65,7 +68,7 @@ def rope_rotation(pos: Tensor, cfg: LlamaConfig, scale: float = 1.0) -> Tensor:
     """
     g = pos.graph
     freq = g.ramp((cfg.head_dim // 2,), steps=(1.0,), dtype=pos.dtype)
-    inv_freq = es.elementwise(inverse_frequency(cfg), freq)
+    inv_freq = elementwise(inverse_frequency(cfg), freq)
     angle = einsum("bs,j->bsj", pos, inv_freq)                                   # [b, s, j]
     sign = g.ramp((2, 2), steps=(1.0, -1.0), dtype=pos.dtype)                    # J = c - c'
     return einsum("bsj,ce->bscej", angle, sign,
@@ -125,7 +128,7 @@ def causal_attend(q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
     """
     seq = q.shape[1]
     edges = [*range(0, seq, QUERY_BLOCK), seq]
-    return es.concat([
+    return concat([
         attend(q[:, a:e], keys[:, :e], values[:, :e], causal_mask(q.graph, e - a, q.dtype, keys=e, offset=a))
         for a, e in itertools.pairwise(edges)
     ], axis=1)
@@ -152,8 +155,8 @@ def attention(x: Tensor, p: dict[str, Tensor], prefix: str, rot_q: Tensor, rot_k
         keys = k_new = write(cache[0], k_new)                          # [b, t, g, c, j]
         values = v_new = write(cache[1], v_new)                        # [b, t, g, k]
     elif cache is not None:
-        keys = es.concat([cache[0], k_new], axis=1)                   # [b, t, g, c, j]
-        values = es.concat([cache[1], v_new], axis=1)                 # [b, t, g, k]
+        keys = concat([cache[0], k_new], axis=1)                      # [b, t, g, c, j]
+        values = concat([cache[1], v_new], axis=1)                    # [b, t, g, k]
     out = causal_attend(q, keys, values) if mask is None else attend(q, keys, values, mask)
     return linear(out, p, prefix + "o_proj", "bqgrk,dgrk->bqd", lora_scale), k_new, v_new
 
@@ -211,7 +214,7 @@ def decoder(cfg: LlamaConfig, p: dict[str, Tensor], ids: Tensor, pos: Tensor, ma
     """
     dtype = p["model.embed_tokens.weight"].dtype                       # f32, or bf16 weights
     if mask is None and cache:
-        raise es.GraphError("a causal decoder (mask None) takes no cache; pass a mask over the cache's keys")
+        raise GraphError("a causal decoder (mask None) takes no cache; pass a mask over the cache's keys")
     if mask is not None:
         mask = mask.astype(dtype)
     eps = cfg.rms_norm_eps

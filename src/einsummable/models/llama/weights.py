@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+import einsummable.models.llama.safetensors_io as safetensors_io
 from einsummable.errors import CheckpointError, ConfigError
 from einsummable.ir.dtypes import to_numpy
 from einsummable.models import atomic
-from einsummable.models.llama import safetensors_io
 from einsummable.models.llama.config import LlamaConfig
 from einsummable.models.llama.tokenizer import TokenizerFiles
 

@@ -1,5 +1,7 @@
 """Which Ray nodes host the plan's machines: the one place the engine and ``es.Cluster.from_ray``
-discover the cluster, so plan and engine agree on the machines."""
+discover the cluster, so plan and engine agree on the machines. It lives beside the Ray engine's
+package, not in it, so that ``Cluster.from_ray`` and ``calibrate.ray_link`` reach it without
+running ``engines/ray/__init__.py`` (whose program imports lower, which imports hardware back)."""
 
 from __future__ import annotations
 
