@@ -17,9 +17,10 @@ from einsummable.engines.blocks import Blocks
 from einsummable.engines.donation import GivenUp
 from einsummable.engines.feeds import check_feeds, check_inputs
 from einsummable.engines.interop import convert
-from einsummable.errors import EinsummableError, FeedError, PlanError
+from einsummable.errors import EinsummableError, EngineError, FeedError, PlanError
 from einsummable.frontend.tensor import Graph
 from einsummable.hardware.cluster import Cluster
+from einsummable.ir.box import whole
 from einsummable.ir.dtypes import canonical
 from einsummable.ir.fuse import fuse
 from einsummable.ir.graph import EinGraph, InputNode
@@ -153,9 +154,10 @@ class Session:
     inputs named like resident tensors read them where they lie. Runs are serialised
     across all the sessions of one state: a run reads the resident state and replaces
     it, so two threads sharing it each see the other's updates (none is lost). The blocks of
-    a resident input that a run replaces are given up to it: the local engine may update
-    them in place (engines/donation.py), so a run that fails part-way may leave such a
-    tensor part-updated.
+    a resident input that a run replaces are given up to it on the local engine: each is
+    freed after its last reader, or updated in place (engines/donation.py), so a training
+    step never holds old and new weights whole at once. A run that fails part-way has then
+    lost them: the session says so (``EngineError``) rather than run on part-updated state.
     """
 
     def __init__(self, program: Program, state: Mapping[str, np.ndarray] | Session,
@@ -196,8 +198,8 @@ class Session:
         clash = sorted(set(feeds) & set(resident))
         if clash:
             raise FeedError(f"{clash} are resident in this session; feed only the other inputs")
-        for name, value in resident.items():
-            _check_resident(name, value, self._inputs[name])
+        _check_not_lost(resident)
+        _check_resident(resident, self._inputs)
         outputs = self.program.graph.outputs
         carry = (frozenset(state) | self._keep) & set(outputs)
         wanted = _names(fetch) if fetch is not None else [n for n in outputs if n not in carry]
@@ -207,7 +209,16 @@ class Session:
         arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(resident),
                                         variables=self.program.variables)
         given = _given_up(self.program, state, resident, carry)
-        result = self.program.execute(arrays | resident | given, variables, carry)
+        for name in given:  # the run owns them now: nothing else may hold them
+            state[name] = _Lost()
+            del resident[name]
+        try:
+            result = self.program.execute(arrays | resident | given, variables, carry)
+        except BaseException:
+            for name, blocks in given.items():
+                if blocks.unread:  # failed before it read them: they are as they were
+                    state[name] = Blocks(blocks.shape, blocks.dtype, blocks.blocks)
+            raise
         for name in carry:
             state[name] = result[name]
         return {n: _as_array(result[n]) for n in wanted}
@@ -215,6 +226,7 @@ class Session:
     def state(self) -> dict[str, np.ndarray]:
         """The resident tensors, gathered into arrays (for a checkpoint)."""
         with self._resident.lock:  # between runs, never half-way through one
+            _check_not_lost(self._resident.tensors)
             return {name: _as_array(v) for name, v in self._resident.tensors.items()}
 
     def put(self, arrays: Mapping[str, np.ndarray]) -> None:
@@ -235,32 +247,57 @@ def _names(names: str | Sequence[str]) -> list[str]:
     return [names] if isinstance(names, str) else list(names)
 
 
-def _check_resident(name: str, value: object, node: InputNode) -> None:
-    """A resident tensor another program left must still fit this program's input."""
-    dtype = value.dtype if isinstance(value, Blocks) else canonical(np.asarray(value).dtype)
-    if tuple(value.shape) != tuple(node.shape) or dtype != node.dtype:
-        raise FeedError(f"resident tensor {name!r} is {dtype}{list(value.shape)}, but this program's "
-                        f"input {name!r} is {node.dtype}{list(node.shape)}")
+def _check_resident(resident: Mapping[str, object], inputs: Mapping[str, InputNode]) -> None:
+    """A resident tensor another program left must still fit this program's input. (A function
+    of its own: a loop variable left in ``Session._run`` would hold a given-up tensor all run.)"""
+    for name, value in resident.items():
+        node = inputs[name]
+        dtype = value.dtype if isinstance(value, Blocks) else canonical(np.asarray(value).dtype)
+        if tuple(value.shape) != tuple(node.shape) or dtype != node.dtype:
+            raise FeedError(f"resident tensor {name!r} is {dtype}{list(value.shape)}, but this program's "
+                            f"input {name!r} is {node.dtype}{list(node.shape)}")
 
 
 def _given_up(program: Program, state: Mapping[str, object], resident: Mapping[str, object],
               carry: frozenset[str]) -> dict[str, GivenUp]:
-    """The resident inputs of a local run that it replaces, that a kernel of it would write
-    into (engines/donation.py), and whose blocks no other resident tensor shares (as the same
-    array or a view of it): dead once read. Nothing outside holds them: ``put`` copies in,
-    ``state`` and fetches copy out. Other engines keep their blocks as they are."""
-    if not isinstance(program.executor, local.LocalProgram):
+    """The resident inputs of a local run that it replaces and whose blocks no other resident
+    tensor shares (as the same array or a view of it): dead once read. Nothing outside holds
+    them: ``put`` copies in, ``state`` and fetches copy out. Other engines keep their blocks
+    as they are."""
+    executor = program.executor
+    if not isinstance(executor, local.LocalProgram):
         return {}
-    wanted = {name for name, _ in program.executor.donors.values()
-              if name in carry and type(resident.get(name)) is Blocks}
+    wanted = [name for name in resident if name in carry]
     if not wanted:
         return {}
     holders: dict[int, set[str]] = {}
     for name, value in state.items():
-        for array in value.blocks.values() if isinstance(value, Blocks) else (value,):
+        for array in _arrays(value):
             holders.setdefault(_root(array), set()).add(name)
-    return {name: GivenUp(resident[name]) for name in wanted
-            if all(holders[_root(a)] == {name} for a in resident[name].blocks.values())}
+    return {name: GivenUp(_as_blocks(resident[name]), executor.reads[name]) for name in wanted
+            if all(holders[_root(a)] == {name} for a in _arrays(resident[name]))}
+
+
+def _arrays(value: object) -> list[object]:
+    return list(value.blocks.values()) if isinstance(value, Blocks) else [value]
+
+
+def _as_blocks(value: object) -> Blocks:
+    if isinstance(value, Blocks):
+        return value
+    array = np.asarray(value)
+    return Blocks(array.shape, canonical(array.dtype), {whole(array.shape): array})
+
+
+class _Lost:
+    """A resident tensor given up to a run that did not finish (it may be part-updated)."""
+
+
+def _check_not_lost(state: Mapping[str, object]) -> None:
+    lost = sorted(name for name, value in state.items() if isinstance(value, _Lost))
+    if lost:
+        raise EngineError(f"resident tensors {lost} were given up to a run that failed part-way and "
+                          "may be part-updated; put them again (from a checkpoint) to go on")
 
 
 def _root(array: object) -> int:

@@ -158,6 +158,7 @@ def test_frozen_weights_stay_on_the_workers_between_steps(accum, monkeypatch):
     Ray). Oracle: what the engine is handed at each run."""
     from einsummable.compile import Program
     from einsummable.engines.blocks import Blocks
+    from einsummable.engines.donation import GivenUp
 
     params = init_params(ODD, seed=1)
     cfg = TrainConfig(**(BASE | {"accum": accum, "steps": 2}), freeze=("lm_head.weight",))
@@ -167,11 +168,14 @@ def test_frozen_weights_stay_on_the_workers_between_steps(accum, monkeypatch):
 
     def spy(prog, arrays, variables, carry=frozenset()):
         if "lm_head.weight" in arrays:
-            fed.append(arrays["lm_head.weight"])
+            w = arrays["lm_head.weight"]
+            fed.append((type(w), len(w.blocks) if isinstance(w, Blocks) else 0))
         return execute(prog, arrays, variables, carry)
 
     monkeypatch.setattr(Program, "execute", spy)
     t.fit()
-    assert len(fed) == 2 * accum and not isinstance(fed[0], Blocks)  # the first run: the array
-    assert all(isinstance(w, Blocks) for w in fed[1:])  # then the blocks it left on the workers
+    # the first run: the session's copy of the array, given up whole; then the blocks each
+    # run left on the workers, given up to the next
+    assert fed[0] == (GivenUp, 1) and len(fed) == 2 * accum
+    assert all(kind is GivenUp and count == fed[1][1] for kind, count in fed[1:])
     np.testing.assert_array_equal(t.params["lm_head.weight"], params["lm_head.weight"])

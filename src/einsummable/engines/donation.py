@@ -18,6 +18,7 @@ run the plain kernel into a fresh block.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from einsummable.engines.blocks import Blocks
 from einsummable.engines.reference_kernel import align, alignment, compiled
-from einsummable.ir.box import intersect
+from einsummable.ir.box import Box, intersect
 from einsummable.ir.dtypes import HALF, to_numpy
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, inputs_used, substitute
@@ -103,10 +104,28 @@ def prepare(tg: TaskGraph, inputs: Sequence[tuple[int, ...]], keep: set[int], st
 
 class GivenUp(Blocks):
     """A resident tensor's blocks, given up to the run that replaces them (``Session``): held
-    nowhere else, so a kernel may write into them. As feeds they are read as any ``Blocks``."""
+    nowhere else, so a kernel may write into them. As feeds they are read as any ``Blocks``,
+    by ``reads`` input tasks; after the last of them this object lets go of the blocks, so each
+    is freed after its last reader, as any other value is: a training step's old weights and
+    moments are not held beside the new ones to the step's end (plan/memory.py counts it so)."""
 
-    def __init__(self, blocks: Blocks) -> None:
-        super().__init__(blocks.shape, blocks.dtype, blocks.blocks)
+    def __init__(self, blocks: Blocks, reads: int) -> None:
+        super().__init__(blocks.shape, blocks.dtype, dict(blocks.blocks))
+        self._reads = self._all = reads
+        self._lock = threading.Lock()
+
+    @property
+    def unread(self) -> bool:
+        """No input task has read a block yet (a run that failed first left them as they were)."""
+        return self._reads == self._all
+
+    def get(self, box: Box) -> np.ndarray:
+        with self._lock:
+            out = super().get(box)
+            self._reads -= 1
+            if self._reads <= 0:
+                self.blocks = {}
+        return out
 
 
 def swap(steps: list[Step], prepared: dict[int, tuple[str, Step]], feeds: Mapping[str, object]) -> list[Step]:

@@ -17,6 +17,7 @@ the blocks a session gives up to a run that replaces them (donation.py).
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import itertools
 import math
@@ -286,6 +287,7 @@ class LocalProgram:
         self.rank = priority.ranks(self.inputs, cost, tg.order)
         # where(c, x, a block a session run gives up): stored in place (donation.py)
         self.donors = donation.prepare(tg, self.inputs, self.keep, self.steps, {*self.fused, *self.rows})
+        self.reads = collections.Counter(t.name for t in tasks if isinstance(t, InputTask))  # per feed
         native.flush()  # the compiled kernels, built together, at prepare
 
     def run(self, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,

@@ -174,8 +174,9 @@ def aliases(g: CompactGraph, readers: np.ndarray,
 
     A move inside a machine and a view alias their source (the cores share memory, as
     in the local engine), so they hold nothing and their readers keep the source alive.
-    Input blocks are the feeds, which the caller holds all step (``replay`` counts them
-    from the start); outputs live to the end."""
+    Input blocks are the feeds, there from the start (``replay`` counts them then) and held
+    all step, save those of an input an output of the same name replaces, which a session
+    gives up to the run: freed after their last reader (plan/memory.py); outputs live to the end."""
     held = g.nbytes().tolist()
     owner = list(range(len(g)))
     count = readers.tolist()
@@ -185,7 +186,8 @@ def aliases(g: CompactGraph, readers: np.ndarray,
         held[t] = 0
         count[o] += count[t]
     pinned = [t for out in g.outputs.values() for t, _ in out.blocks]
-    pinned += np.flatnonzero(g.kind == INPUT).tolist()
+    kept = [t for t in np.flatnonzero(g.kind == INPUT).tolist() if g.aux_table[g.aux[t]][0] not in g.outputs]
+    pinned += kept
     for t in pinned:
         count[owner[t]] += 1 << 40  # never freed
     return held, owner, count
@@ -231,6 +233,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
     in_ports = [_Port() for _ in range(machines)]
     xfer_end = [0.0] * n
     live = [0] * machines
+    freed = list(held)  # what the last reader of each owner frees
     for t in np.flatnonzero(g.kind == INPUT).tolist():  # the feeds are there from the start
         live[loc[t] // cores] += held[t]
         held[t] = 0
@@ -292,7 +295,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
             o = owner[i]
             readers[o] -= 1
             if not readers[o]:
-                live[loc[o] // cores] -= held[o]
+                live[loc[o] // cores] -= freed[o]
         for u in users[uptr[t]:uptr[t + 1]]:
             pending[u] -= 1
             if not pending[u]:

@@ -10,8 +10,11 @@ engines, and are checked against the simulator (tests/plan/test_memory_estimate.
   weight's gradient, the loss) runs late and what it reads is held until then; given a
   ``budget`` that this order exceeds, the program's order is tried too, and the smaller
   peak is the figure, its ``Memory.order`` the order the TaskGraph then carries;
-- graph inputs (parameters, optimizer state, data) are held for the whole step; every
-  other value from the node that makes it to its last reader, a graph output to the end;
+- graph inputs (parameters, optimizer state, data) are held for the whole step, save those
+  the step replaces (an output of the same name: a session run gives them up to it,
+  compile.Session), held to their last reader: a training step's old weights and moments
+  go as it makes the new ones; every other value from the node that makes it to its last
+  reader, a graph output to the end;
 - views (reshapes, complex views, the formation of a finished value or of a sum no
   block splits) hold nothing and keep their source alive; fills are rebuilt where read;
 - an operand laid out otherwise than its reader needs is copied: across machines the
@@ -275,8 +278,17 @@ def _spans(g: EinGraph, live: Sequence[bool], order: np.ndarray,
             for u in g.nodes[v].inputs:
                 end[u] = max(end[u], end[v])
     start[is_input] = 0
-    end[is_input] = n - 1
+    end[is_input & ~replaced(g)] = n - 1
     return start, end
+
+
+def replaced(g: EinGraph) -> np.ndarray:
+    """The graph inputs an output of the same name replaces (a session gives them up to the run)."""
+    out = np.zeros(len(g.nodes), dtype=bool)
+    for v, node in enumerate(g.nodes):
+        if isinstance(node, InputNode) and g.outputs.get(node.name, v) != v:
+            out[v] = True
+    return out
 
 
 def lifetimes(g: EinGraph, sps: Sequence[Space], live: Sequence[bool]) -> np.ndarray:
