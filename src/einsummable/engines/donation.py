@@ -120,8 +120,10 @@ class GivenUp(Blocks):
         return self._reads == self._all
 
     def get(self, box: Box) -> np.ndarray:
+        # read outside the lock (a box laid out otherwise is assembled: a copy no other worker
+        # need wait on); every read precedes its own count, so none follows the last one's clear
+        out = super().get(box)
         with self._lock:
-            out = super().get(box)
             self._reads -= 1
             if self._reads <= 0:
                 self.blocks = {}
