@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -19,13 +20,14 @@ from einsummable.engines import cbuild, native
 from einsummable.ir.einsummable import Einsummable
 
 SCRIPT = textwrap.dedent("""
-    import warnings, numpy as np
+    import os, warnings, numpy as np
     from einsummable.engines import kernels, reference_kernel
     from einsummable.ir.einsummable import Einsummable
     warnings.simplefilter("always")
     with warnings.catch_warnings(record=True) as caught:
         x = np.linspace(-3, 3, 24, dtype=np.float32).reshape(4, 6)
-        ops = [Einsummable.from_spec("ij->ij", [(4, 6)], join=j) for j in ("silu(x0)", "x0 * 2", "exp(x0)")]
+        ops = [Einsummable.from_spec("ij->ij", [(4, 6)], join=j)
+               for j in os.environ.get("JOINS", "silu(x0);x0 * 2;exp(x0)").split(";")]
         prepared = [kernels.prepare(op) for op in ops]  # prepared together: built together
         for op, kernel in zip(ops, prepared):
             got = kernel([x], None)
@@ -78,13 +80,30 @@ def test_kernels_build_once_then_come_from_the_disk_cache(tmp_path, logging_cc):
     assert "warnings: 0" in first and "compiled: 3" in first
     builds = [line for line in log.read_text().splitlines() if "--version" not in line]
     assert len(builds) == 1, "the three kernels prepared together build as one batch"
-    libraries = list((tmp_path / "cache" / "einsummable" / "kernels").glob("*.so"))
+    where = tmp_path / "cache" / "einsummable" / "kernels"
+    libraries = list(where.glob("k*.so"))
     assert len(libraries) == 1
+    links = list(where.glob("f*.so"))
+    assert len(links) == 3 and {p.resolve() for p in links} == {libraries[0].resolve()}
     second = _run(tmp_path, cc)
     assert "warnings: 0" in second and "compiled: 3" in second
     again = [line for line in log.read_text().splitlines() if "--version" not in line]
     assert again == builds, "a cached run compiles nothing"
-    assert not [p for p in libraries[0].parent.iterdir() if p.name.startswith(".build-")]
+    assert not [p for p in where.iterdir() if p.name.startswith(".")]
+
+
+def test_a_kernel_built_in_one_batch_is_found_by_a_process_that_asks_in_another(tmp_path, logging_cc):
+    """A Ray worker or a later program asks for another set of kernels: only the new ones build."""
+    cc, log = logging_cc
+    _run(tmp_path, cc)
+    out = _run(tmp_path, cc, JOINS="exp(x0);x0 * 3;silu(x0)")
+    assert "warnings: 0" in out and "compiled: 3" in out
+    builds = [line for line in log.read_text().splitlines() if "--version" not in line]
+    assert len(builds) == 2, "the second process compiles one batch"
+    where = tmp_path / "cache" / "einsummable" / "kernels"
+    first, new = sorted(where.glob("k*.so"), key=lambda p: p.stat().st_mtime_ns)
+    targets = Counter(p.resolve() for p in where.glob("f*.so"))
+    assert targets == {first.resolve(): 3, new.resolve(): 1}, "x0 * 3 alone is new"
 
 
 def test_numpy_kernels_on_request(tmp_path, monkeypatch):
