@@ -109,10 +109,19 @@ def _workers_alive():
     return [t for t in threading.enumerate() if t.name.startswith("einsummable-") and t.is_alive()]
 
 
-ctrl_c = pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler, which a process started in the background of a shell
+    without job control lacks (SIGINT ignored from birth: it never sees Ctrl-C there)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
 
 
-@ctrl_c
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@pytest.mark.usefixtures("sigint_raises")
 def test_ctrl_c_stops_the_workers_within_one_kernel():
     """KeyboardInterrupt in the caller (as Ctrl-C delivers it) stops the run: no task starts
     after it, and the workers are gone when the exception reaches the caller."""
@@ -150,7 +159,8 @@ def test_a_keyboard_interrupt_inside_a_task_stays_a_keyboard_interrupt():
     assert not _workers_alive()
 
 
-@ctrl_c
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@pytest.mark.usefixtures("sigint_raises")
 def test_ctrl_c_during_a_compiled_program_leaves_no_worker_running(monkeypatch):
     import numpy as np
 
