@@ -105,13 +105,18 @@ def prepare(tg: TaskGraph, inputs: Sequence[tuple[int, ...]], keep: set[int], st
 class GivenUp(Blocks):
     """A resident tensor's blocks, given up to the run that replaces them (``Session``): held
     nowhere else, so a kernel may write into them. As feeds they are read as any ``Blocks``,
-    by ``reads`` input tasks; after the last of them this object lets go of the blocks, so each
-    is freed after its last reader, as any other value is: a training step's old weights and
-    moments are not held beside the new ones to the step's end (plan/memory.py counts it so)."""
+    by the input tasks whose boxes ``reads`` counts; each stored block is let go after the last
+    read that overlaps it, so it is freed after its last reader, as any other value is: a
+    training step's old weights and moments are not held beside the new ones to the step's end
+    (plan/memory.py counts it so). Counting per tensor instead held every block until the
+    tensor's last read: with 4 workers a momentum step held 14 MiB against 12 planned."""
 
-    def __init__(self, blocks: Blocks, reads: int) -> None:
+    def __init__(self, blocks: Blocks, reads: Mapping[Box, int]) -> None:
         super().__init__(blocks.shape, blocks.dtype, dict(blocks.blocks))
-        self._reads = self._all = reads
+        self._pending = {have: sum(n for box, n in reads.items() if intersect(box, have) is not None)
+                         for have in self.blocks}
+        self._all = sum(reads.values())
+        self._reads = self._all
         self._lock = threading.Lock()
 
     @property
@@ -121,12 +126,19 @@ class GivenUp(Blocks):
 
     def get(self, box: Box) -> np.ndarray:
         # read outside the lock (a box laid out otherwise is assembled: a copy no other worker
-        # need wait on); every read precedes its own count, so none follows the last one's clear
+        # need wait on); every read precedes its own count, so no block goes before its readers.
+        # A block let go makes a new dict, so a read iterating the old one is undisturbed.
         out = super().get(box)
         with self._lock:
             self._reads -= 1
-            if self._reads <= 0:
-                self.blocks = {}
+            done = []
+            for have in self.blocks:
+                if intersect(box, have) is not None:
+                    self._pending[have] -= 1
+                    if self._pending[have] <= 0:
+                        done.append(have)
+            if done:
+                self.blocks = {k: v for k, v in self.blocks.items() if k not in done}
         return out
 
 

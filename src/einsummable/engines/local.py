@@ -287,7 +287,10 @@ class LocalProgram:
         self.rank = priority.ranks(self.inputs, cost, tg.order)
         # where(c, x, a block a session run gives up): stored in place (donation.py)
         self.donors = donation.prepare(tg, self.inputs, self.keep, self.steps, {*self.fused, *self.rows})
-        self.reads = collections.Counter(t.name for t in tasks if isinstance(t, InputTask))  # per feed
+        self.reads: dict[str, collections.Counter] = {}  # per feed, the boxes its input tasks read
+        for t in tasks:
+            if isinstance(t, InputTask):
+                self.reads.setdefault(t.name, collections.Counter())[t.box] += 1
         native.flush()  # the compiled kernels, built together, at prepare
 
     def run(self, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
