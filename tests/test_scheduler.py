@@ -118,9 +118,10 @@ def sigint_raises():
     signal.signal(signal.SIGINT, before)
 
 
+ctrl_c = pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
 
 
-@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@ctrl_c
 @pytest.mark.usefixtures("sigint_raises")
 def test_ctrl_c_stops_the_workers_within_one_kernel():
     """KeyboardInterrupt in the caller (as Ctrl-C delivers it) stops the run: no task starts
@@ -159,7 +160,7 @@ def test_a_keyboard_interrupt_inside_a_task_stays_a_keyboard_interrupt():
     assert not _workers_alive()
 
 
-@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@ctrl_c
 @pytest.mark.usefixtures("sigint_raises")
 def test_ctrl_c_during_a_compiled_program_leaves_no_worker_running(monkeypatch):
     import numpy as np

@@ -88,7 +88,8 @@ def build(sources: list[Source]) -> None:
             return
         where = cache_dir()
         try:
-            links = {name: where / f"f{_key(cc, src.text)}.so" for name, src in todo.items()}
+            links = {name: where / f"f{_key(cc, cprelude.PRELUDE + src.text)}.so"
+                     for name, src in todo.items()}
             missing = [todo[n] for n in sorted(todo) if not links[n].exists()]
             batches = [missing[i : i + BATCH] for i in range(0, len(missing), BATCH)]
             if batches:
@@ -111,8 +112,8 @@ def build(sources: list[Source]) -> None:
 
 
 def _key(cc: str, text: str) -> str:
-    return hashlib.sha256("\0".join([cprelude.PRELUDE, text, *FLAGS, *LIBS, _identity(cc)])
-                          .encode()).hexdigest()[:32]
+    """The cache name of C ``text`` built by ``cc`` with our flags on this CPU."""
+    return hashlib.sha256("\0".join([text, *FLAGS, *LIBS, _identity(cc)]).encode()).hexdigest()[:32]
 
 
 def _library(cc: str, batch: list[Source]) -> Path:

@@ -113,11 +113,21 @@ class GivenUp(Blocks):
 
     def __init__(self, blocks: Blocks, reads: Mapping[Box, int]) -> None:
         super().__init__(blocks.shape, blocks.dtype, dict(blocks.blocks))
-        self._pending = {have: sum(n for box, n in reads.items() if intersect(box, have) is not None)
-                         for have in self.blocks}
+        # the stored blocks each read box overlaps: itself alone where the read is a stored
+        # block (the usual case: the program reads the layout it wrote), so this is linear
+        self._overlaps = {box: self._overlapping(box) for box in reads}
+        self._pending = dict.fromkeys(self.blocks, 0)
+        for box, n in reads.items():
+            for have in self._overlaps[box]:
+                self._pending[have] += n
         self._all = sum(reads.values())
         self._reads = self._all
         self._lock = threading.Lock()
+
+    def _overlapping(self, box: Box) -> tuple[Box, ...]:
+        if box in self.blocks:
+            return (box,)
+        return tuple(have for have in self.blocks if intersect(box, have) is not None)
 
     @property
     def unread(self) -> bool:
@@ -126,19 +136,15 @@ class GivenUp(Blocks):
 
     def get(self, box: Box) -> np.ndarray:
         # read outside the lock (a box laid out otherwise is assembled: a copy no other worker
-        # need wait on); every read precedes its own count, so no block goes before its readers.
-        # A block let go makes a new dict, so a read iterating the old one is undisturbed.
-        out = super().get(box)
+        # need wait on), by key from the blocks it overlaps, which stay until it has counted
+        overlaps = self._overlaps[box]  # every read is an input task's, counted in ``reads``
+        out = Blocks(self.shape, self.dtype, {have: self.blocks[have] for have in overlaps}).get(box)
         with self._lock:
             self._reads -= 1
-            done = []
-            for have in self.blocks:
-                if intersect(box, have) is not None:
-                    self._pending[have] -= 1
-                    if self._pending[have] <= 0:
-                        done.append(have)
-            if done:
-                self.blocks = {k: v for k, v in self.blocks.items() if k not in done}
+            for have in overlaps:
+                self._pending[have] -= 1
+                if self._pending[have] <= 0:
+                    del self.blocks[have]
         return out
 
 
