@@ -14,6 +14,12 @@ Two orders; the plan picks one and the TaskGraph carries it (``TaskGraph.order``
   it, but the earliest-written work goes first, and a layer's values die with its
   backward: the same Llama-7B plan needs 151 GiB. The planner chooses it only when the
   critical-path order does not fit the machine's memory (plan/planners.py).
+
+In the program's order a copy of resident state (an FSDP-gathered weight) is made at most
+``PREFETCH`` nodes ahead of its reader and shared only by readers within ``PREFETCH`` nodes
+of the one before (lower/prefetch.py gates and re-makes the copies; plan/memory.py charges
+them so): a layer's gathered weights live for that layer, in the forward and again in the
+backward, as hand-written FSDP holds them.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ def readers(inputs: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
 CRITICAL_PATH = "critical-path"
 PROGRAM = "program"
 ORDERS = (CRITICAL_PATH, PROGRAM)
+PREFETCH = 16  # nodes: how far ahead of its reader a copy of resident state is made
 
 
 def ranks(inputs: Sequence[Sequence[int]], cost: Sequence[float], order: str = CRITICAL_PATH) -> list[float]:

@@ -15,7 +15,8 @@ which assembles the box a block reads from the producer's blocks:
 - a block assembled for a reader (from pieces, summed, rounded) is made once per
   machine; the machine's other cores that read that box get it by a move of the whole
   block inside the machine, which the engines run as a view of shared memory.
-Tasks that no output needs are pruned at the end.
+Tasks that no output needs are pruned at the end; in the program's order, copies of
+resident state are then gated and re-made per reader group (prefetch.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from einsummable.ir.graph import (
     Reshape,
     Select,
 )
+from einsummable.lower.prefetch import prefetch_taskgraph
 from einsummable.lower.taskgraph import (
     ApplyTask,
     ConstantTask,
@@ -306,7 +308,8 @@ def lower(plan: Plan) -> TaskGraph:
         part, held = lw.outs[nid]
         blocks = tuple((held[q][0][0], box) for q, box in enumerate(part.boxes()))
         outputs[name] = Output(node.shape, node.dtype, blocks)
-    return replace(prune(lw.tasks, outputs, plan.cluster.workers, plan.cluster.cores), order=plan.order)
+    return prefetch_taskgraph(replace(prune(lw.tasks, outputs, plan.cluster.workers, plan.cluster.cores),
+                                      order=plan.order))
 
 
 def prune(tasks: list[Task], outputs: dict[str, Output], workers: int, cores: int) -> TaskGraph:

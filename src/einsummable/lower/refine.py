@@ -14,7 +14,8 @@ the core-level graph of the whole cluster:
 - a block stays as its core blocks: a reader whose box is one of them, or lies in
   one, takes it (or a view of it); only a box spanning several is assembled (a
   partial), once per box and core;
-- inputs, constants, partials and views stay one task each (on the cores in turn);
+- inputs, constants, partials and views stay one task each (on the cores in turn); a
+  send's or a partial's gates (lower/prefetch.py) become the gate's last core block;
   a receive is an input task whose name starts with ``RECEIVE``, a send a move in
   place of the box to send; the runner (engines/machine.py) makes them the mailbox
   and the delivery to the peer.
@@ -52,6 +53,7 @@ from einsummable.lower.taskgraph import (
     Task,
     TaskGraph,
     ViewTask,
+    data_inputs,
 )
 from einsummable.plan.partition import split as cuts
 from einsummable.plan.plan import Plan
@@ -274,7 +276,7 @@ class _Refine:
                 else:  # a send: the box, made at one core, goes to the peer
                     core = self.next_core()
                     r, box = self.source(task.inputs[0], task.box, core)
-                    out = self.add(MoveTask((r,), box, core, core, task.dtype))
+                    out = self.add(MoveTask((r, *self.gates(task)), box, core, core, task.dtype))
                     self.send[out] = (t, task.loc)
                 continue
             core = self.next_core()
@@ -299,8 +301,12 @@ class _Refine:
         for p in task.pieces:
             r, box = self.source(task.inputs[p.input], p.src, core)
             pieces.append(Piece(ins.setdefault(r, len(ins)), box, p.dst))
-        args = tuple(ins)
+        args = (*ins, *self.gates(task))
         return self.add(PartialTask(args, tuple(pieces), task.shape, task.dtype, task.agg, core, task.pad))
+
+    def gates(self, task: MoveTask | PartialTask) -> tuple[int, ...]:
+        """A task's gates (lower/prefetch.py: applies of this machine), as the last core block of each."""
+        return tuple(self.grids[g].rs[-1] for g in task.inputs[len(data_inputs(task)):])
 
 
 def refine(share: Share) -> Refined:

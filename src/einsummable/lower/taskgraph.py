@@ -13,6 +13,10 @@ copies data except in a move. Kinds:
   none writes the block holds ``pad``. Formation and repartition are partials;
 - ``view``: a block reinterpreted row-major (reshape, complex view).
 
+A move's data is its first input, a partial's the inputs its pieces name; any other input
+is a *gate*, waited for and not read (lower/prefetch.py: it holds a copy back until its
+machine's work is near the copy's reader), anywhere on the task's machine.
+
 Example: ``%3 @1 = move[0:2,0:4] %0@0 : f32[2,4]`` copies rows 0..2 of task 0 from
 worker 0 to worker 1.
 """
@@ -201,18 +205,31 @@ class TaskGraph:
         return "\n".join(lines)
 
 
+def data_inputs(task: Task) -> tuple[int, ...]:
+    """The inputs whose blocks a task reads; the rest are gates (the module docstring)."""
+    if isinstance(task, MoveTask):
+        return task.inputs[:1]
+    if isinstance(task, PartialTask):
+        return task.inputs[:max((p.input for p in task.pieces), default=-1) + 1]
+    return task.inputs
+
+
 def _check(tg: TaskGraph, t: int, task: Task) -> None:
     if not isinstance(task, TASK_KINDS):
         raise PlanError(f"{type(task).__name__} is not a task kind")
     if not 0 <= task.loc < tg.workers:
         raise PlanError(f"location {task.loc} outside 0..{tg.workers - 1}")
-    for i in task.inputs:
+    where = task.src if isinstance(task, MoveTask) else task.loc
+    data = data_inputs(task)
+    for k, i in enumerate(task.inputs):
         if not 0 <= i < t:
             raise PlanError(f"uses %{i}, which does not precede it")
-        where = task.src if isinstance(task, MoveTask) else task.loc
-        if tg.tasks[i].loc != where:
+        if k < len(data) and tg.tasks[i].loc != where:
             raise PlanError(f"reads %{i} at {tg.tasks[i].loc} but runs at {where}")
-    ins = [tg.tasks[i] for i in task.inputs]
+        if k >= len(data) and tg.machine_of(tg.tasks[i].loc) != tg.machine_of(where):
+            raise PlanError(f"gate %{i} is on machine {tg.machine_of(tg.tasks[i].loc)}, the task's is "
+                            f"{tg.machine_of(where)}")
+    ins = [tg.tasks[i] for i in data]
     if isinstance(task, ApplyTask):
         for k, (src, shape, dtype) in enumerate(zip(ins, task.op.input_shapes, task.op.dtypes, strict=True)):
             if (src.shape, src.dtype) != (shape, dtype):

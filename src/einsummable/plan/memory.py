@@ -21,7 +21,10 @@ engines, and are checked against the simulator (tests/plan/test_memory_estimate.
   part another machine holds, within a machine a block assembled from several. The
   lowering makes one copy per value and layout for all its readers, and the engines make
   it as soon as they can, so it lives from its value's making (an input's: the step's
-  start) to its last reader. A gathered FSDP weight is thus held, not freed per use.
+  start) to its last reader. In the program's order a copy of a graph input (a gathered FSDP
+  weight) is instead made ``priority.PREFETCH`` nodes before its reader and shared only by
+  readers within that many nodes of the one before (lower/prefetch.py): the forward's
+  gathered weights are freed after it and gathered again for the backward.
 
 The figure is for the busiest machine, assuming every machine holds an equal share
 (whole values count on every machine that may hold them). ``replicated=True``
@@ -198,10 +201,23 @@ def _peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndar
     np.add.at(delta, end + 1, -size)
     held = np.cumsum(delta, axis=0)[:n]
     moved = np.zeros(n + 1)
+    reach = np.maximum.accumulate(np.where(live, start, -1))  # per node: the latest step of it or before
+    resident = is_input.copy()  # held from the step's start: inputs and views of them
+    for v, node in enumerate(g.nodes):
+        resident[v] |= bool(alias[v] and node.inputs and all(resident[u] for u in node.inputs))
     for u, readers, b in copies:
-        steps = start[readers]
-        moved[0 if is_input[u] else steps.min()] += b
-        moved[steps.max() + 1] -= b
+        for group in _groups(readers) if resident[u] and rule == priority.PROGRAM else [readers]:
+            steps = start[group]
+            first = steps.min()
+            if not resident[u]:
+                begin = first
+            elif rule == priority.PROGRAM:  # made after a gate PREFETCH nodes before it (lower/prefetch.py)
+                gate = group[0] - priority.PREFETCH
+                begin = min(first, reach[gate] + 1) if gate > 0 and reach[gate] >= 0 else 0
+            else:
+                begin = 0
+            moved[begin] += b
+            moved[steps.max() + 1] -= b
     moved = np.cumsum(moved)[:n]
     total = held + moved[:, None]
     t, m = np.unravel_index(int(np.argmax(total)), total.shape)
@@ -216,6 +232,18 @@ def _peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndar
         at=int(order[t]),
         order=rule,
     )
+
+
+def _groups(readers: list[int]) -> list[list[int]]:
+    """Readers (node ids, ascending) that share one copy of resident state in the program's
+    order: a reader more than ``PREFETCH`` nodes after the one before gets a copy of its own."""
+    out = [[readers[0]]]
+    for v in readers[1:]:
+        if v - out[-1][-1] > priority.PREFETCH:
+            out.append([v])
+        else:
+            out[-1].append(v)
+    return out
 
 
 def engine_order(g: EinGraph, sps: Sequence[Space], live: Sequence[bool],
