@@ -208,3 +208,22 @@ def check_lowered(plan, feeds: dict[str, np.ndarray]):
         assert got[name].dtype == want[name].dtype
         np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-4, err_msg=name)
     return tg
+
+
+def deep_mlp_grads(layers: int, batch: int, width: int) -> tuple[EinGraph, dict[str, np.ndarray]]:
+    """The weight gradients of a deep ReLU MLP, and its feeds: each weight is read by its
+    layer's forward and, far later, by the backward's input gradient (FSDP gathers it twice)."""
+    g = es.Graph()
+    h = g.input("x", (batch, width))
+    ws = [g.input(f"w{k}", (width, width)) for k in range(layers)]
+    for w in ws:
+        h = es.elementwise("relu(x0)", h @ w)
+    loss = es.einsum("bd->", h, join="x0 * x0", agg="add")
+    for k, grad in enumerate(es.grad(loss, ws)):
+        g.output(f"d{k}", grad)
+    g.output("loss", loss)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((batch, width), dtype=np.float32)}
+    feeds |= {f"w{k}": rng.standard_normal((width, width), dtype=np.float32) / np.float32(width ** 0.5)
+              for k in range(layers)}
+    return g.ir, feeds

@@ -15,28 +15,13 @@ from einsummable.lower.prefetch import prefetch
 from einsummable.lower.refine import machine_shares, refine
 from einsummable.lower.taskgraph import MoveTask, PartialTask, data_inputs
 from einsummable.plan.planners import make_plan
+from graphgen import deep_mlp_grads
 
 MiB = 2**20
-LAYERS, BATCH, WIDTH = 12, 64, 512  # 1 MiB weights; the activations are a quarter of that
 
 
 def mlp_grads():
-    """The weight gradients of a deep ReLU MLP: each weight is read by its layer's forward and,
-    far later, by the backward's input gradient; FSDP shards it over the machines."""
-    g = es.Graph()
-    h = g.input("x", (BATCH, WIDTH))
-    ws = [g.input(f"w{k}", (WIDTH, WIDTH)) for k in range(LAYERS)]
-    for w in ws:
-        h = es.elementwise("relu(x0)", h @ w)
-    loss = es.einsum("bd->", h, join="x0 * x0", agg="add")
-    for k, grad in enumerate(es.grad(loss, ws)):
-        g.output(f"d{k}", grad)
-    g.output("loss", loss)
-    rng = np.random.default_rng(0)
-    feeds = {"x": rng.standard_normal((BATCH, WIDTH), dtype=np.float32)}
-    feeds |= {f"w{k}": rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.float32(WIDTH ** 0.5)
-              for k in range(LAYERS)}
-    return g.ir, feeds
+    return deep_mlp_grads(layers=12, batch=64, width=512)  # 1 MiB weights, activations a quarter of that
 
 
 def fsdp_plan(g, budget: float = MiB, cores: int = 1):

@@ -44,9 +44,8 @@ def prefetch(cg: CompactGraph) -> CompactGraph:
     if cg.order != priority.PROGRAM or not len(cg):
         return cg
     rows, inputs = _schedule(cg)
-    if len(rows) == len(cg) and all(len(ins) == cg.indptr[t + 1] - cg.indptr[t] for t, ins in zip(rows, inputs,
-                                                                                                  strict=True)):
-        return cg  # nothing to re-make or gate
+    if len(rows) == len(cg) and sum(map(len, inputs)) == len(cg.indices):
+        return cg  # nothing re-made or gated
     rows_a = np.asarray(rows, dtype=np.int64)
     first = np.full(len(cg), -1, dtype=np.int64)  # each task's first emission: what outputs read
     first[rows_a[::-1]] = np.arange(len(rows) - 1, -1, -1)
@@ -81,7 +80,8 @@ def _schedule(cg: CompactGraph) -> tuple[list[int], list[list[int]]]:
     resident = [False] * n
     for t in range(n):
         k = kind[t]
-        resident[t] = k in (INPUT, CONSTANT) or (k in (MOVE, PARTIAL, VIEW) and all(resident[i] for i in ins[t]))
+        copied = k in (MOVE, PARTIAL, VIEW) and all(resident[i] for i in ins[t])
+        resident[t] = k in (INPUT, CONSTANT) or copied
     copy = [resident[t] and kind[t] in (MOVE, PARTIAL) for t in range(n)]
 
     rows: list[int] = []
