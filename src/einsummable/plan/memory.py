@@ -46,10 +46,30 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from einsummable.ir import priority
+from einsummable.ir.dtypes import FLOATS
 from einsummable.ir.graph import ComplexView, EinGraph, Fill, Formation, InputNode, Reshape
 from einsummable.plan.space import Space, nbytes
 
 Counts = Sequence[int]
+
+
+@dataclass(frozen=True)
+class Expert:
+    """An expert's arithmetic for the same plan (its layouts, on the busiest machine), as one adds
+    up FSDP with checkpointing by hand: the state held all step (parameters, optimizer state,
+    gradients), the activations saved for the backward, and one node's working set. The
+    estimate may come out below it (a gradient is made late, not held all step) or above it
+    (values held at once that the sum leaves out: see the estimate's parts)."""
+
+    state: float  # graph inputs, and the outputs that replace none (gradients, the loss): held all step
+    saved: float  # values the forward makes and the backward reads (made before the loss, read after)
+    working: float  # the largest node's working set: its output, operands that are neither, its copies
+    at: int  # that node
+
+    @property
+    def total(self) -> float:
+        return self.state + self.saved + self.working
+
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,8 @@ class Memory:
     at: int  # the node running at the peak
     order: str = priority.CRITICAL_PATH  # the engines' order this peak is for
     critical_path_peak: float | None = None  # in the program's order: the critical path's peak
+    expert: Expert | None = None  # an expert's arithmetic for the same plan
+    machine: int = 0  # the column of ``peak``'s bytes (the busiest machine) it is for
 
     def describe(self) -> str:
         order = "" if self.order == priority.CRITICAL_PATH else f", in the {self.order} order"
@@ -179,10 +201,60 @@ def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarr
     making to the last reader. In the critical-path order, unless that peak exceeds
     ``budget`` and the program's order gives a smaller one (ir/priority.py)."""
     first = _peak(g, sps, live, size, copies, priority.CRITICAL_PATH)
-    if budget is None or first.peak <= budget:
-        return first
-    other = _peak(g, sps, live, size, copies, priority.PROGRAM)
-    return replace(other, critical_path_peak=first.peak) if other.peak < first.peak else first
+    if budget is not None and first.peak > budget:
+        other = _peak(g, sps, live, size, copies, priority.PROGRAM)
+        if other.peak < first.peak:
+            first = replace(other, critical_path_peak=first.peak)
+    return replace(first, expert=expert(g, sps, live, size[:, first.machine], copies)) if len(g.nodes) else first
+
+
+def expert(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarray,
+           copies: Sequence[tuple[int, list[int], float]]) -> Expert:
+    """``Expert`` of one machine holding ``size`` bytes of each node, ``copies`` as ``peak``'s."""
+    n = len(g.nodes)
+    is_input, is_output = _inputs(g), _outputs(g)
+    inputs = {node.name for node in g.nodes if isinstance(node, InputNode)}
+    replacing = np.zeros(n, dtype=bool)
+    replacing[[v for name, v in g.outputs.items() if name in inputs and not is_input[v]]] = True
+    held = np.where(np.array(live), size, 0.0)
+    state, replacing = is_input | is_output, replacing
+    for v in reversed(range(n)):  # an output that is a view holds its source's bytes
+        if (state[v] or replacing[v]) and live[v] and not held[v] and not is_input[v]:
+            for u in g.nodes[v].inputs:
+                state[u] |= state[v]
+                replacing[u] |= replacing[v]
+    total_state = float(held[state].sum() - held[replacing].sum())
+    last = np.arange(n)  # the last node (in id order) that reads each value, through views
+    for v, node in enumerate(g.nodes):
+        if live[v]:
+            for u in node.inputs:
+                last[u] = max(last[u], v)
+    for v in reversed(range(n)):
+        if live[v] and holds_nothing(g, sps, v):
+            for u in g.nodes[v].inputs:
+                last[u] = max(last[u], last[v])
+    loss = loss_of(g)
+    saved = np.zeros(n, dtype=bool)
+    if loss is not None:
+        saved = (np.arange(n) < loss) & (last > loss) & ~state
+    copied = np.zeros(n)
+    for _, readers, b in copies:
+        copied[readers] += b
+    work = np.zeros(n)
+    for v, node in enumerate(g.nodes):
+        if live[v] and not is_input[v]:
+            operands = [u for u in set(node.inputs) if not (state[u] or saved[u])]
+            work[v] = (0.0 if state[v] or saved[v] else held[v]) + held[operands].sum() + copied[v]
+    at = int(np.argmax(work))
+    return Expert(total_state, float(held[saved].sum()), float(work[at]), at)
+
+
+def loss_of(g: EinGraph) -> int | None:
+    """The loss: the output named ``loss`` (as the optimizers name it), else the only real scalar output."""
+    if "loss" in g.outputs:
+        return g.outputs["loss"]
+    scalars = [v for v in g.outputs.values() if g.nodes[v].shape == () and g.nodes[v].dtype in FLOATS]
+    return scalars[0] if len(set(scalars)) == 1 else None
 
 
 def _peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarray,
@@ -231,6 +303,7 @@ def _peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndar
         transient=float(moved[t]),
         at=int(order[t]),
         order=rule,
+        machine=int(m),
     )
 
 

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 from einsummable.errors import PlanMemoryError
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.dtypes import FLOATS
 from einsummable.ir.graph import EinGraph
 from einsummable.ir.remat import checkpoints, gates, rematerialize
-from einsummable.plan.memory import Memory, gib
+from einsummable.plan.memory import Memory, gib, loss_of
 from einsummable.plan.space import spaces
 
 
@@ -51,14 +50,6 @@ class Remat:
                 f"{gib(self.before.activations)} + transient {gib(self.before.transient)}); "
                 f"{self.kept} checkpoints kept, {self.recomputed} forward nodes recomputed in the backward "
                 f"(+{self.flops:.3g} flops, {share:.1%} of the step) bring the peak to {now}")
-
-
-def loss_of(g: EinGraph) -> int | None:
-    """The loss: the output named ``loss`` (as the optimizers name it), else the only real scalar output."""
-    if "loss" in g.outputs:
-        return g.outputs["loss"]
-    scalars = [v for v in g.outputs.values() if g.nodes[v].shape == () and g.nodes[v].dtype in FLOATS]
-    return scalars[0] if len(set(scalars)) == 1 else None
 
 
 def keep_sets(g: EinGraph, loss: int) -> list[list[int]]:

@@ -139,6 +139,10 @@ def table(plan) -> list[str]:
     s = plan.summary
     out.append(f"  memory per machine: {human(plan.cluster.memory_per_machine)}")
     out.append(f"  {plan.planner} peak " + (_memory(s.memory) if s.memory is not None else "unknown"))
+    if s.memory is not None and s.memory.expert is not None:
+        e = s.memory.expert
+        out.append(f"  expert arithmetic for this plan: {human(e.total)} = state {human(e.state)} + saved "
+                   f"activations {human(e.saved)} + node %{e.at}'s working set {human(e.working)}")
     if s.memory is not None and s.memory.critical_path_peak is not None:
         out.append(f"  order: ready work runs in the program's order (ir/priority.py); by critical path "
                    f"the peak would be {human(s.memory.critical_path_peak)}")
