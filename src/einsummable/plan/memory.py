@@ -205,7 +205,9 @@ def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarr
         other = _peak(g, sps, live, size, copies, priority.PROGRAM)
         if other.peak < first.peak:
             first = replace(other, critical_path_peak=first.peak)
-    return replace(first, expert=expert(g, sps, live, size[:, first.machine], copies)) if len(g.nodes) else first
+    if not len(g.nodes):
+        return first
+    return replace(first, expert=expert(g, sps, live, size[:, first.machine], copies))
 
 
 def expert(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarray,
