@@ -10,7 +10,7 @@ from typing import Protocol
 
 import numpy as np
 
-from einsummable.engines import local, reference, sequential
+from einsummable.engines import local, reference, sequential, storage
 from einsummable.engines import simulate as simulator
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks
@@ -25,6 +25,7 @@ from einsummable.ir.dtypes import canonical
 from einsummable.ir.fuse import fuse
 from einsummable.ir.graph import EinGraph, InputNode
 from einsummable.lower.lowering import lower
+from einsummable.lower.lowering import stored as stored_inputs
 from einsummable.lower.refine import machine_shares
 from einsummable.lower.taskgraph import TaskGraph
 from einsummable.plan.plan import Plan
@@ -232,8 +233,10 @@ class Session:
     def put(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Make more of this program's inputs resident (frozen weights that only it reads)."""
         checked = check_inputs(self.program.graph, arrays)
-        with self._resident.lock:
-            self._resident.tensors.update({k: np.array(v, copy=True) for k, v in checked.items()})
+        stored = stored_inputs(self.program.plan.graph) if self.program.plan is not None else frozenset()
+        with self._resident.lock:  # inputs kept in host storage go there (plan/offload.py)
+            self._resident.tensors.update({k: storage.store(v) if k in stored else np.array(v, copy=True)
+                                           for k, v in checked.items()})
 
     def drop(self, names: Sequence[str]) -> None:
         """Forget resident tensors (a finished generation's KV cache), freeing them on the workers."""
@@ -413,6 +416,10 @@ def compile(
     if engine in WHOLE:
         return Program(ir, engine, ENGINES[engine](ir, None))
     plan = make_plan(fuse(ir), hardware, planner)  # the oracle, above, runs the graph unfused
+    if engine == "ray" and stored_inputs(plan.graph):
+        raise EngineError(f"the plan keeps {sorted(stored_inputs(plan.graph))} in host storage to fit "
+                          f"{hardware.memory_per_machine / 2**30:.3g} GiB a machine; offloaded state runs on "
+                          "the local engine (engine='local'), not on Ray's actors yet")
     if engine == "ray" and plan.levels is not None and hardware.machines > 1:
         return Program(ir, engine, _ray(ir, None, address, plan), plan)  # no core-level graph here
     taskgraph = lower(plan)

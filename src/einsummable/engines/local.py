@@ -29,7 +29,16 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from einsummable.engines import donation, epilogue, kernels, native, reference_kernel, rowfuse, scheduler
+from einsummable.engines import (
+    donation,
+    epilogue,
+    kernels,
+    native,
+    reference_kernel,
+    rowfuse,
+    scheduler,
+    storage,
+)
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.errors import EngineError
@@ -120,6 +129,11 @@ def _constant(task: ConstantTask):
         block.flags.writeable = False
         return lambda args, feeds, variables: block
     return lambda args, feeds, variables: reference_kernel.fill(task.kind, task.dtype, task.box)
+
+
+def _then(step, after):
+    """``step``, its block passed through ``after`` (a load from storage, a store to it)."""
+    return lambda args, feeds, variables: after(step(args, feeds, variables))
 
 
 def _apply(task: ApplyTask):
@@ -287,11 +301,25 @@ class LocalProgram:
         self.rank = priority.ranks(self.inputs, cost, tg.order)
         # where(c, x, a block a session run gives up): stored in place (donation.py)
         self.donors = donation.prepare(tg, self.inputs, self.keep, self.steps, {*self.fused, *self.rows})
+        if tg.stored:
+            self._offload(tg)
         self.reads: dict[str, collections.Counter] = {}  # per feed, the boxes its input tasks read
         for t in tasks:
             if isinstance(t, InputTask):
                 self.reads.setdefault(t.name, collections.Counter())[t.box] += 1
         native.flush()  # the compiled kernels, built together, at prepare
+
+    def _offload(self, tg: TaskGraph) -> None:
+        """Inputs kept in host storage (plan/offload.py): their input tasks load a copy of
+        the block, and the output of each one's name is stored block by block as it is made
+        (engines/storage.py); nothing writes into a stored block in place."""
+        self.donors = {t: d for t, d in self.donors.items() if d[0] not in tg.stored}
+        made = {t for name in tg.stored & set(tg.outputs) for t, _ in tg.outputs[name].blocks}
+        for t, task in enumerate(tg.tasks):
+            if isinstance(task, InputTask) and task.name in tg.stored:
+                self.steps[t] = _then(self.steps[t], storage.load)
+            if t in made:
+                self.steps[t] = _then(self.steps[t], storage.store)
 
     def run(self, feeds: dict[str, np.ndarray | Blocks], variables: dict[str, float] | None = None,
             carry: frozenset[str] = frozenset(),

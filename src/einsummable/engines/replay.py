@@ -176,7 +176,9 @@ def aliases(g: CompactGraph, readers: np.ndarray,
     in the local engine), so they hold nothing and their readers keep the source alive.
     Input blocks are the feeds, there from the start (``replay`` counts them then) and held
     all step, save those of an input an output of the same name replaces, which a session
-    gives up to the run: freed after their last reader (plan/memory.py); outputs live to the end."""
+    gives up to the run: freed after their last reader (plan/memory.py); outputs live to the end.
+    An input kept in host storage is loaded by its task and freed after its last reader; the
+    output of its name is stored as it is made and holds nothing."""
     held = g.nbytes().tolist()
     owner = list(range(len(g)))
     count = readers.tolist()
@@ -185,8 +187,12 @@ def aliases(g: CompactGraph, readers: np.ndarray,
         o = owner[t] = owner[first[t]]
         held[t] = 0
         count[o] += count[t]
-    pinned = [t for out in g.outputs.values() for t, _ in out.blocks]
-    kept = [t for t in np.flatnonzero(g.kind == INPUT).tolist() if g.aux_table[g.aux[t]][0] not in g.outputs]
+    stored = [t for name, out in g.outputs.items() if name in g.stored for t, _ in out.blocks]
+    for t in stored:  # stored as made: in host storage, not the machine's memory (plan/offload.py)
+        held[t] = 0
+    pinned = [t for name, out in g.outputs.items() if name not in g.stored for t, _ in out.blocks]
+    kept = [t for t in np.flatnonzero(g.kind == INPUT).tolist() if g.aux_table[g.aux[t]][0] not in g.outputs
+            and g.aux_table[g.aux[t]][0] not in g.stored]
     pinned += kept
     for t in pinned:
         count[owner[t]] += 1 << 40  # never freed
@@ -235,8 +241,9 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
     live = [0] * machines
     freed = list(held)  # what the last reader of each owner frees
     for t in np.flatnonzero(g.kind == INPUT).tolist():  # the feeds are there from the start
-        live[loc[t] // cores] += held[t]
-        held[t] = 0
+        if g.aux_table[g.aux[t]][0] not in g.stored:  # a stored one: loaded when its task runs
+            live[loc[t] // cores] += held[t]
+            held[t] = 0
     peak = list(live)
     busy = [0.0] * workers
     latency = cluster.latency_across

@@ -27,6 +27,10 @@ Model, one event per task, taken from a heap in time order:
   receiver does not hold its sender's port meanwhile;
 - a block is live from its task's start until its last reader finishes (graph
   outputs to the end); the peak per machine is compared with ``memory_per_machine``;
+- an input kept in host storage (plan/offload.py) is loaded by its task, its bytes at
+  ``storage_bandwidth``, and held from then to its last reader; the output of its name is
+  stored by the task that makes each block (its bytes at ``storage_bandwidth`` more) and
+  holds no memory;
 - a driver in another process (the Ray engine: ``driver_latency``, a finite
   ``driver_bandwidth``) starts a machine when its call and feeds have arrived, and the
   run ends when the last machine's outputs are back (``driver_seconds``); the local
@@ -222,8 +226,14 @@ def _durations(tg: TaskGraph, cluster: Cluster) -> list[float]:
         rule = KERNEL_SECONDS.get(type(task))
         if rule is None:
             raise SimulationError(f"task %{t}: no time rule for {type(task).__name__}")
+        if isinstance(task, InputTask) and task.name in tg.stored:  # a load from host storage
+            out[t] = _nbytes(task) / cluster.storage_bandwidth + cluster.task_overhead
+            continue
         overhead = cluster.view_overhead if runs_no_kernel(task) else cluster.task_overhead
         out[t] = rule(task, cluster) + overhead
+    for name in tg.stored & set(tg.outputs):  # stored as made
+        for t, _ in tg.outputs[name].blocks:
+            out[t] += _nbytes(tg.tasks[t]) / cluster.storage_bandwidth
     return out
 
 

@@ -70,6 +70,9 @@ class Cluster:
     task_overhead: float = 1.5e-5  # an engine's scheduling cost per kernel task, on its core
     view_overhead: float = 2e-6  # that of a task that runs no kernel (an input, a view): dispatch alone
     memory_per_machine: float = 256 * 2**30  # bytes
+    # bytes/s a machine moves between its memory and its host storage, each way: an offloaded
+    # input's load before its reader and its new value's store (plan/offload.py)
+    storage_bandwidth: float = 2e9
     blas_threads: int = 1  # cores one worker's GEMMs use (BLAS threads)
     # A driver in another process (the Ray engine): seconds of a run's call to a machine and
     # back, and bytes/s it ships a feed to, or fetches an output from, a machine on its own

@@ -87,13 +87,16 @@ class InputNode:
     shape: Shape
     dtype: str
     inputs: tuple[int, ...] = ()
+    # kept in host storage, loaded block by block before its readers, and the output of its
+    # name stored as it is made (plan/offload.py chooses it when nothing else fits)
+    stored: bool = False
 
     def check(self, g: EinGraph) -> None:
         _check_shape(self.shape, f"input {self.name!r}")
         _check_dtype(self.dtype, f"input {self.name!r}")
 
     def describe(self) -> str:
-        return f"input {self.name!r}"
+        return f"input {self.name!r}" + (" (stored)" if self.stored else "")
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from einsummable.ir.graph import (
 from einsummable.lower.arrays import Builder
 from einsummable.lower.compact import APPLY, INPUT, MOVE, VIEW, CompactGraph, prune
 from einsummable.lower.geometry import INNER, Geometry, Operands, Requests, geometry, grid, key
+from einsummable.lower.lowering import stored
 from einsummable.lower.prefetch import prefetch
 from einsummable.lower.selects import SelectGeometry, Selects
 from einsummable.lower.taskgraph import Output
@@ -383,4 +384,4 @@ def _lower_blocks(plan: Plan) -> CompactGraph:
         outputs[name] = Output(node.shape, node.dtype, blocks)
     builder = lw.b
     del lw  # its caches and the nodes' blocks, before the arrays are joined: the peak of lowering
-    return prefetch(replace(prune(builder.graph(outputs)), order=plan.order))
+    return prefetch(replace(prune(builder.graph(outputs)), order=plan.order, stored=stored(g)))

@@ -66,6 +66,7 @@ class CompactGraph:
     workers: int
     cores: int
     order: str = priority.CRITICAL_PATH  # TaskGraph.order
+    stored: frozenset[str] = frozenset()  # TaskGraph.stored
 
     def __len__(self) -> int:
         return len(self.kind)
@@ -94,7 +95,7 @@ class CompactGraph:
         ins = self.inputs(t)
         if k == INPUT:
             name, box = aux
-            return InputTask(name, box, dtype, loc)
+            return InputTask(name, box, dtype, loc, ins)  # ins: a stored input's gate (prefetch.py)
         if k == CONSTANT:
             fill, box = aux
             return ConstantTask(fill, box, dtype, loc)
@@ -110,7 +111,7 @@ class CompactGraph:
     def to_taskgraph(self) -> TaskGraph:
         """The object TaskGraph (for small graphs: DOT, validate, tests)."""
         tasks = tuple(self.task(t) for t in range(len(self)))
-        return TaskGraph(tasks, self.outputs, self.workers, self.cores, self.order)
+        return TaskGraph(tasks, self.outputs, self.workers, self.cores, self.order, self.stored)
 
     @classmethod
     def from_taskgraph(cls, tg: TaskGraph) -> CompactGraph:
@@ -133,7 +134,8 @@ class CompactGraph:
         arrays = [np.array(c, dtype=t) for c, t in zip(cols, TYPES, strict=True)]
         indptr = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64)
         return cls(*arrays, indptr, np.array(indices, dtype=np.int32), tuple(tables["dtype"]),
-                   tuple(tables["shape"]), tuple(tables["aux"]), tg.outputs, tg.workers, tg.cores, tg.order)
+                   tuple(tables["shape"]), tuple(tables["aux"]), tg.outputs, tg.workers, tg.cores, tg.order,
+                   tg.stored)
 
     def counts(self) -> dict[str, int]:
         """Tasks per kind."""

@@ -309,7 +309,12 @@ def lower(plan: Plan) -> TaskGraph:
         blocks = tuple((held[q][0][0], box) for q, box in enumerate(part.boxes()))
         outputs[name] = Output(node.shape, node.dtype, blocks)
     return prefetch_taskgraph(replace(prune(lw.tasks, outputs, plan.cluster.workers, plan.cluster.cores),
-                                      order=plan.order))
+                                      order=plan.order, stored=stored(g)))
+
+
+def stored(g: EinGraph) -> frozenset[str]:
+    """The names of the graph's inputs kept in host storage (plan/offload.py)."""
+    return frozenset(node.name for node in g.nodes if isinstance(node, InputNode) and node.stored)
 
 
 def prune(tasks: list[Task], outputs: dict[str, Output], workers: int, cores: int) -> TaskGraph:

@@ -8,7 +8,8 @@ in the backward, every layer's gathered weights are held at once. Hand-written F
 a layer's weights just before the layer and frees them after it, and gathers them again
 for the backward. This pass makes the TaskGraph say the same, for every engine:
 
-- a copy of resident state is shared only by readers within ``priority.PREFETCH`` nodes of
+- a copy of resident state (an input kept in host storage: its load) moves to just before its
+  first reader, and is shared only by readers within ``priority.PREFETCH`` nodes of
   the reader before them; a reader further on gets a copy of its own (the chain of moves
   and partials made again, just before it), so the forward's copy goes after the forward;
 - such a copy waits for a *gate*: an extra input, read for its order only, the last apply
@@ -82,7 +83,8 @@ def _schedule(cg: CompactGraph) -> tuple[list[int], list[list[int]]]:
         k = kind[t]
         copied = k in (MOVE, PARTIAL, VIEW) and all(resident[i] for i in ins[t])
         resident[t] = k in (INPUT, CONSTANT) or copied
-    copy = [resident[t] and kind[t] in (MOVE, PARTIAL) for t in range(n)]
+    loads = _loads(cg)
+    copy = [resident[t] and (kind[t] in (MOVE, PARTIAL) or loads[t]) for t in range(n)]
 
     rows: list[int] = []
     inputs: list[list[int]] = []
@@ -92,7 +94,7 @@ def _schedule(cg: CompactGraph) -> tuple[list[int], list[list[int]]]:
 
     def emit(t: int, args: list[int], at: int) -> int:
         if copy[t] and at != NEVER and at - window > 0:
-            where = source[t] if kind[t] == MOVE else machine[t]
+            where = source[t] if kind[t] == MOVE else machine[t]  # a load, a partial: its own
             reached, ids = gates.get(where, ((), ()))
             k = bisect_right(reached, at - window)
             if k:
@@ -109,19 +111,27 @@ def _schedule(cg: CompactGraph) -> tuple[list[int], list[list[int]]]:
     def resolve(i: int, at: int) -> int:
         if not copy[i]:
             return new[i]
-        if at == NEVER or at - last[i] <= window:
+        if new[i] >= 0 and (at == NEVER or at - last[i] <= window):
             last[i] = max(last[i], at) if at != NEVER else last[i]
             return new[i]
-        made = emit(i, [resolve(j, at) for j in ins[i]], at)  # made again, for this reader
+        made = emit(i, [resolve(j, at) for j in ins[i]], at)  # made (again) just before this reader
         last[i] = at
         return made
 
     for t in range(n):
-        at = need[t]
-        emit(t, [resolve(i, at) for i in ins[t]], at)
-        if copy[t]:
-            last[t] = at if at != NEVER else 0
+        if copy[t] and need[t] != NEVER:
+            continue  # made where its first reader resolves it, after the gates before that
+        emit(t, [resolve(i, need[t]) for i in ins[t]], need[t])
     return rows, inputs
+
+
+def _loads(cg: CompactGraph) -> list[bool]:
+    """The input tasks of inputs kept in host storage: each loads a copy of its block."""
+    out = [False] * len(cg)
+    if cg.stored:
+        for t in np.flatnonzero(cg.kind == INPUT).tolist():
+            out[t] = cg.aux_table[cg.aux[t]][0] in cg.stored
+    return out
 
 
 def _needs(kind: list[int], node: list[int], ins: list[list[int]], outputs: dict[str, Output]) -> list[int]:

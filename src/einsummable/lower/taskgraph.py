@@ -147,6 +147,9 @@ class TaskGraph:
     workers: int
     cores: int
     order: str = priority.CRITICAL_PATH  # which ready task runs first, on every engine (ir/priority.py)
+    # inputs kept in host storage: their input tasks load a copy, and the blocks of the output
+    # of the same name are stored as they are made (plan/offload.py)
+    stored: frozenset[str] = frozenset()
 
     def machine_of(self, loc: int) -> int:
         return loc // self.cores
@@ -193,7 +196,8 @@ class TaskGraph:
 
     def __str__(self) -> str:
         order = "" if self.order == priority.CRITICAL_PATH else f", {self.order} order"
-        lines = [f"taskgraph({self.workers} workers{order}) {{"]
+        stored = f", stored {', '.join(sorted(self.stored))}" if self.stored else ""
+        lines = [f"taskgraph({self.workers} workers{order}{stored}) {{"]
         for t, task in enumerate(self.tasks):
             args = " ".join(f"%{i}" for i in task.inputs)
             shape = f"{task.dtype}[{','.join(map(str, task.shape))}]"
@@ -211,6 +215,8 @@ def data_inputs(task: Task) -> tuple[int, ...]:
         return task.inputs[:1]
     if isinstance(task, PartialTask):
         return task.inputs[:max((p.input for p in task.pieces), default=-1) + 1]
+    if isinstance(task, InputTask):  # a load from host storage may wait for a gate
+        return ()
     return task.inputs
 
 

@@ -200,14 +200,42 @@ def peak(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarr
     (the value copied, its readers and bytes on every machine) held from the value's
     making to the last reader. In the critical-path order, unless that peak exceeds
     ``budget`` and the program's order gives a smaller one (ir/priority.py)."""
-    first = _peak(g, sps, live, size, copies, priority.CRITICAL_PATH)
-    if budget is not None and first.peak > budget:
+    size, copies = _stored(g, live, size, copies)
+    if stored_names(g):  # the loads are gated in the program's order alone (lower/prefetch.py)
+        first = _peak(g, sps, live, size, copies, priority.PROGRAM)
+    else:
+        first = _peak(g, sps, live, size, copies, priority.CRITICAL_PATH)
+    if budget is not None and first.peak > budget and first.order != priority.PROGRAM:
         other = _peak(g, sps, live, size, copies, priority.PROGRAM)
         if other.peak < first.peak:
             first = replace(other, critical_path_peak=first.peak)
     if not len(g.nodes):
         return first
     return replace(first, expert=expert(g, sps, live, size[:, first.machine], copies))
+
+
+Copies = Sequence[tuple[int, list[int], float]]  # (value copied, its readers, bytes on every machine)
+
+
+def _stored(g: EinGraph, live: Sequence[bool], size: np.ndarray, copies: Copies) -> tuple[np.ndarray, list]:
+    """An input kept in host storage holds nothing; each of its readers' groups loads its
+    blocks (a copy of resident state, charged as ``peak`` charges those). The output of its
+    name is stored as it is made (``_spans``)."""
+    if not stored_names(g):
+        return size, list(copies)
+    size, copies = size.copy(), list(copies)
+    for v, node in enumerate(g.nodes):
+        if isinstance(node, InputNode) and node.stored:
+            readers = [r for r, other in enumerate(g.nodes) if live[r] and v in other.inputs]
+            if readers:
+                copies.append((v, readers, float(size[v].max())))
+            size[v] = 0.0
+    return size, copies
+
+
+def stored_names(g: EinGraph) -> set[str]:
+    """The inputs kept in host storage (plan/offload.py)."""
+    return {node.name for node in g.nodes if isinstance(node, InputNode) and node.stored}
 
 
 def expert(g: EinGraph, sps: Sequence[Space], live: Sequence[bool], size: np.ndarray,
@@ -374,7 +402,10 @@ def _spans(g: EinGraph, live: Sequence[bool], order: np.ndarray,
         if live[v]:
             for u in node.inputs:
                 end[u] = max(end[u], start[v])
-    end[is_output] = n - 1
+    names = stored_names(g)
+    kept = is_output.copy()
+    kept[[v for name, v in g.outputs.items() if name in names]] = False  # stored as made (plan/offload.py)
+    end[kept] = n - 1
     # a view keeps its source alive for as long as the view is read
     for v in reversed(range(n)):
         if live[v] and alias[v]:

@@ -25,6 +25,7 @@ from einsummable.plan.summary import Summary, critical_path, partial_seconds
 from einsummable.plan.traffic import block_indices
 
 if TYPE_CHECKING:
+    from einsummable.plan.offload import Offload
     from einsummable.plan.remat import Remat
     from einsummable.plan.twolevel import TwoLevel
 
@@ -45,6 +46,7 @@ class Plan:
     free_formations: bool = False  # see check_plan
     levels: TwoLevel | None = None  # a two-level plan's counts across machines and within one
     remat: Remat | None = None  # what recomputation did to ``graph`` to make it fit (plan/remat.py)
+    offload: Offload | None = None  # the inputs kept in host storage to make it fit (plan/offload.py)
 
     @functools.cached_property
     def locs(self) -> tuple[tuple[int, ...], ...]:

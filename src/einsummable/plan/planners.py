@@ -22,9 +22,9 @@ from functools import partial
 from einsummable.errors import PlanError, PlanMemoryError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation
-from einsummable.plan import baselines, eindecomp, figures, remat, twolevel
+from einsummable.plan import baselines, eindecomp, figures, offload, remat, twolevel
 from einsummable.plan.cost import CostModel
-from einsummable.plan.memory import estimate
+from einsummable.plan.memory import estimate, gib
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan, build, check_plan
 from einsummable.plan.space import Space, spaces
@@ -67,12 +67,37 @@ def make_plan(g: EinGraph, cluster: Cluster, planner: str = "eindecomp", compare
     try:
         plan = _plan(g, cluster, planner, check_memory)
     except PlanMemoryError as err:  # the activations may fit when recomputed in the backward
-        plan, how = remat.replan(g, cluster, err, lambda graph: _plan(graph, cluster, planner, check_memory))
-        plan = replace(plan, remat=how)
+        plan = _recompute_or_offload(g, cluster, planner, err)
     if not compare:
         tick(1, 1, "")
         return plan
     return replace(plan, others=partial(_others, plan.graph, cluster, planner, tick))
+
+
+def _recompute_or_offload(g: EinGraph, cluster: Cluster, planner: str, err: PlanMemoryError) -> Plan:
+    """Remat first (plan/remat.py); when even that does not fit, part of the step's state kept in
+    host storage, with remat where it helps (plan/offload.py)."""
+    def fitted(graph: EinGraph) -> Plan:
+        return _plan(graph, cluster, planner, True)
+
+    try:
+        plan, how = remat.replan(g, cluster, err, fitted)
+        return replace(plan, remat=how)
+    except PlanMemoryError as smallest:
+        loss = remat.loss_of(g)
+        sets = remat.keep_sets(g, loss) if loss is not None else []
+
+        def stored(graph: EinGraph) -> Plan:  # the stored graph, rematerialised when that is needed
+            try:
+                return fitted(graph)
+            except PlanMemoryError:
+                if not sets:
+                    raise
+                return fitted(remat.rematerialize(graph, loss, sets[0]))
+
+        plan, how = offload.replan(g, cluster, smallest, stored)
+        summary = replace(plan.summary, storage_seconds=how.seconds)
+        return replace(plan, offload=how, summary=summary)
 
 
 def _quiet(done: int, total: int, name: str) -> None:
@@ -98,7 +123,7 @@ def _plan(g: EinGraph, cluster: Cluster, planner: str, check_memory: bool) -> Pl
     plan = build(g, cluster, partitions(sps, counts), planner, model.evaluate(counts, live), sps, live)
     memory = plan.summary.memory
     if check_memory and memory is not None and memory.peak > cluster.memory_per_machine:
-        raise PlanMemoryError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} GiB "
+        raise PlanMemoryError(f"the {planner} plan does not fit {gib(cluster.memory_per_machine)} GiB "
                               f"on one machine: it needs {memory.describe()}; add machines or memory", memory)
     return plan
 
@@ -119,7 +144,7 @@ def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: C
         memory = estimate(g, outer, tl.cm, live, replicated=planner in baselines.REPLICATED,
                           budget=cluster.memory_per_machine)
         if check_memory and memory.peak > cluster.memory_per_machine:
-            raise PlanMemoryError(f"the {planner} plan does not fit {cluster.memory_per_machine / 2**30:.1f} "
+            raise PlanMemoryError(f"the {planner} plan does not fit {gib(cluster.memory_per_machine)} "
                                   f"GiB per machine on {cluster}: it needs {memory.describe()}", memory)
     # the partial sums of the cores' blocks count too, now that they are chosen
     memory = estimate(g, outer, tl.cm, live, planner in baselines.REPLICATED, tl.cc, cluster.cores,

@@ -148,6 +148,8 @@ def table(plan) -> list[str]:
                    f"the peak would be {human(s.memory.critical_path_peak)}")
     if plan.remat is not None:
         out.append(f"  {plan.remat.describe(s.memory)}")
+    if plan.offload is not None:
+        out.append(f"  {plan.offload.describe()}")
     out.append(f"  binding constraint of {plan.planner}: {s.binding}")
     out.append("  across, within = bytes moved between machines, between the cores of one machine;"
                " peak = memory per machine")

@@ -168,6 +168,7 @@ class Summary:
     capacity: float = math.inf  # memory per machine
     # the step with transfers overlapping compute (plan/overlap.py), where the planner replayed it
     overlapped_seconds: float | None = None
+    storage_seconds: float = 0.0  # loads and stores of state kept in host storage (plan/offload.py)
 
     @property
     def bytes_moved(self) -> float:
@@ -182,8 +183,8 @@ class Summary:
     @property
     def step_seconds(self) -> float:
         if self.overlapped_seconds is not None:
-            return self.overlapped_seconds
-        return self.compute_seconds + self.network_seconds
+            return self.overlapped_seconds + self.storage_seconds
+        return self.compute_seconds + self.network_seconds + self.storage_seconds
 
     @property
     def peak(self) -> float:

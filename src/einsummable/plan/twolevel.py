@@ -47,7 +47,7 @@ from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation, InputNode
 from einsummable.plan import baselines, eindecomp
 from einsummable.plan.cost import CostModel, op_targets
-from einsummable.plan.memory import Memory, estimate, holds_nothing, lifetimes
+from einsummable.plan.memory import Memory, estimate, gib, holds_nothing, lifetimes
 from einsummable.plan.partition import Partition, split
 from einsummable.plan.space import Space, nbytes
 from einsummable.plan.traffic import block_indices
@@ -191,7 +191,7 @@ def fit(g: EinGraph, outer: Sequence[Space], model: CostModel, cluster: Cluster,
         model.unary = base
     assert best is not None
     raise PlanMemoryError(
-        f"no plan fits {cluster.memory_per_machine / 2**30:.1f} GiB per machine on {cluster}: the smallest "
+        f"no plan fits {gib(cluster.memory_per_machine)} GiB per machine on {cluster}: the smallest "
         f"peak found is {best[1].describe()}; add machines or memory, or rematerialise activations", best[1])
 
 
