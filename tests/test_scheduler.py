@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from einsummable.engines.scheduler import run
 from einsummable.errors import EngineError
-from einsummable.ir.priority import ranks
+from einsummable.ir.priority import PROGRAM, ranks
 
 
 @st.composite
@@ -36,6 +36,29 @@ def test_every_dag_on_every_worker_count_matches_sequential(dag):
     got = run(inputs, lambda i, args: i + sum(args), location=location, workers=workers,
               keep=set(range(len(inputs))))
     assert [got[i] for i in range(len(inputs))] == oracle(inputs)
+
+
+@given(dags(), st.integers(1, 6))
+def test_in_the_program_order_no_task_starts_past_the_window_and_every_run_ends(dag, window):
+    """ir/priority.py's window: a task starts only within ``window`` ids of the earliest
+    unfinished one (the memory estimate's order), and the run never stalls."""
+    inputs, workers, location = dag
+    n = len(inputs)
+    lock, done, started = threading.Lock(), [False] * n, []
+
+    def execute(i, args):
+        with lock:
+            low = next((t for t in range(n) if not done[t]), n)
+            started.append((i, low))
+        time.sleep(0.0005 * (i % 3))
+        with lock:
+            done[i] = True
+        return i + sum(args)
+
+    got = run(inputs, execute, location=location, workers=workers, keep=set(range(n)),
+              rank=ranks(inputs, [1.0] * n, PROGRAM), window=window)
+    assert [got[i] for i in range(n)] == oracle(inputs)
+    assert all(i < low + window for i, low in started)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -43,14 +43,14 @@ def momentum_step():
     return g.ir, state, {"x": rng.standard_normal((BATCH, WIDTH), dtype=np.float32)}
 
 
-BUDGET = 14 * MiB
+BUDGET = 8 * MiB
 CLUSTER = es.Cluster(machines=1, cores=2, memory_per_machine=BUDGET)
 
 
 def test_state_that_fits_only_in_host_storage_is_offloaded_and_the_peak_agrees():
     g, _, _ = momentum_step()
     free = make_plan(g, es.Cluster(machines=1, cores=2), compare=False)
-    assert free.summary.peak > 1.5 * BUDGET
+    assert free.summary.peak > 2.5 * BUDGET
     plan = make_plan(g, CLUSTER, compare=False)
     assert plan.offload is not None and plan.remat is None and plan.order == priority.PROGRAM
     assert len(plan.offload.names) == 2 * LAYERS and plan.summary.fits

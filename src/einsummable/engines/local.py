@@ -344,6 +344,7 @@ class LocalProgram:
                     self.inputs, lambda i, args: steps[i](args, feeds, variables), location=self.location,
                     workers=self.tg.workers, keep=self.keep, rank=self.rank,
                     describe=lambda i: tasks[i].describe(), on_done=ticker,
+                    window=priority.window(self.tg.order, self.tg.workers),
                 )
             finally:
                 ticker.close()

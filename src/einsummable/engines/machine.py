@@ -51,6 +51,7 @@ class MachinePart:
         for i in refined.send:
             cost[i] += first
         self.rank = priority.ranks(self.inputs, cost, refined.graph.order)
+        self.window = priority.window(refined.graph.order, self.cores)
         self.steps = []
         for i, task in enumerate(tasks):
             if i in refined.receive:
@@ -73,7 +74,7 @@ class MachinePart:
         keep = set(self.index.values())
         values = scheduler.run(self.inputs, lambda i, args: self.steps[i](args, ctx), location=self.location,
                                workers=self.cores + 1, keep=keep, rank=self.rank,
-                               describe=lambda i: self.describe[i])
+                               describe=lambda i: self.describe[i], window=self.window)
         return {t: values[r] for t, r in self.index.items()}
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from einsummable.errors import SimulationError
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.priority import PROGRAM, critical_path, program
+from einsummable.ir.priority import PROGRAM, critical_path, program, window
 from einsummable.lower.compact import INPUT, MOVE, VIEW, CompactGraph
 
 
@@ -256,8 +256,14 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
             peak[m] = live[m]
         push(events, (now + dur[t], t))
 
+    reach = window(g.order, workers * slots)
+    low, finished, blocked = 0, [False] * n, set()  # the earliest unfinished task; workers held back
+
     def start_core(w: int, now: float) -> None:
         while ready[w] and width[ready[w][0][1]] <= free[w]:
+            if reach is not None and ready[w][0][1] >= low + reach:
+                blocked.add(w)
+                return
             _, t = pop(ready[w])
             free[w] -= width[t]
             if now > ready_at[t]:
@@ -298,6 +304,13 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
         now, t = pop(events)
         finish[t] = now
         done += 1
+        finished[t] = True
+        if t == low:
+            while low < n and finished[low]:
+                low += 1
+            for b in list(blocked):  # the reach moved on
+                blocked.discard(b)
+                start_core(b, now)
         for i in inputs[inptr[t]:inptr[t + 1]]:  # freed before the next task on this core takes memory
             o = owner[i]
             readers[o] -= 1

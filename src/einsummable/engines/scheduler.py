@@ -37,10 +37,13 @@ def run(
     rank: Sequence[float] | None = None,
     describe: Callable[[int], str] = str,
     on_done: Callable[[int], None] | None = None,
+    window: int | None = None,
 ) -> dict[int, object]:
     """Execute tasks (ids in topological order) and return ``{i: value}`` for i in keep.
 
     ``rank`` orders ready tasks, highest first (default: ``ir.priority.ranks`` in task counts).
+    ``window``: a worker starts no task more than that many ids past the earliest unfinished
+    one (``ir.priority.window``; None: any ready task).
     """
     n = len(inputs)
     if len(location) != n:
@@ -63,9 +66,17 @@ def run(
             heapq.heappush(state.ready[location[i] % workers], (-rank[i], i))
     values: dict[int, object] = {}
 
+    finished = [False] * n
+
     def finish(i: int, value: object) -> None:
         with state.lock:
             values[i] = value
+            finished[i] = True
+            if window is not None and i == state.low:  # the reach moves on: wake whoever waits for it
+                while state.low < n and finished[state.low]:
+                    state.low += 1
+                for c in state.wake:
+                    c.notify()
             for j in distinct[i]:
                 readers[j] -= 1
                 if readers[j] == 0 and j not in keep:
@@ -81,10 +92,14 @@ def run(
                 for c in state.wake:
                     c.notify()
 
+    def held_back(w: int) -> bool:
+        """Nothing ready for worker w, or only work beyond the window's reach."""
+        return not state.ready[w] or (window is not None and state.ready[w][0][1] >= state.low + window)
+
     def work(w: int) -> None:
         while True:
             with state.lock:
-                while not state.ready[w] and not state.stopped and state.done < n:
+                while held_back(w) and not state.stopped and state.done < n:
                     state.wake[w].wait()
                 if state.stopped or (state.done >= n and not state.ready[w]):
                     return
@@ -138,6 +153,7 @@ class _Shared:
         self.wake = [threading.Condition(self.lock) for _ in range(workers)]
         self.ready: list[list[tuple[float, int]]] = [[] for _ in range(workers)]
         self.done = 0
+        self.low = 0  # the earliest unfinished task
         self.stopped = False
         self.exited = [threading.Event() for _ in range(workers)]
         self.error: tuple[int, BaseException] | None = None

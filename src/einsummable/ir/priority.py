@@ -15,11 +15,12 @@ Two orders; the plan picks one and the TaskGraph carries it (``TaskGraph.order``
   backward: the same Llama-7B plan needs 151 GiB. The planner chooses it only when the
   critical-path order does not fit the machine's memory (plan/planners.py).
 
-In the program's order a copy of resident state (an FSDP-gathered weight) is made at most
-``PREFETCH`` nodes ahead of its reader and shared only by readers within ``PREFETCH`` nodes
-of the one before (lower/prefetch.py gates and re-makes the copies; plan/memory.py charges
-them so): a layer's gathered weights live for that layer, in the forward and again in the
-backward, as hand-written FSDP holds them.
+In the program's order a free worker starts no task more than ``window`` tasks past the
+earliest unfinished one (the engines and the simulator), and a copy of resident state (an
+FSDP-gathered weight) is made at most ``PREFETCH`` nodes ahead of its reader and shared
+only by readers within ``PREFETCH`` nodes of the one before (lower/prefetch.py gates and
+re-makes the copies; plan/memory.py charges them so): a layer's gathered weights live for
+that layer, in the forward and again in the backward, as hand-written FSDP holds them.
 """
 
 from __future__ import annotations
@@ -47,6 +48,19 @@ CRITICAL_PATH = "critical-path"
 PROGRAM = "program"
 ORDERS = (CRITICAL_PATH, PROGRAM)
 PREFETCH = 16  # nodes: how far ahead of its reader a copy of resident state is made
+AHEAD = 8  # tasks per worker: how far past the earliest unfinished task the program's order runs
+
+
+def window(order: str, workers: int) -> int | None:
+    """How many tasks past the earliest unfinished one a free worker may start (None: any).
+
+    In the program's order the memory estimate follows one core's run in id order; with
+    several workers a free one would otherwise take any ready task, however far ahead (a
+    weight's gradient long before its update can run, holding it meanwhile). Bounding the
+    reach to ``AHEAD`` tasks a worker keeps the run near the estimate's order and cannot
+    stall: the earliest unfinished task has its inputs done and is within reach. The
+    critical path's order is not bounded."""
+    return AHEAD * max(workers, 1) if order == PROGRAM else None
 
 
 def ranks(inputs: Sequence[Sequence[int]], cost: Sequence[float], order: str = CRITICAL_PATH) -> list[float]:

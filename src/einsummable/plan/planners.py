@@ -21,6 +21,7 @@ from functools import partial
 
 from einsummable.errors import PlanError, PlanMemoryError
 from einsummable.hardware.cluster import Cluster
+from einsummable.ir.eager import eager
 from einsummable.ir.graph import EinGraph, Formation
 from einsummable.plan import baselines, eindecomp, figures, offload, remat, twolevel
 from einsummable.plan.cost import CostModel
@@ -88,12 +89,15 @@ def _recompute_or_offload(g: EinGraph, cluster: Cluster, planner: str, err: Plan
         sets = remat.keep_sets(g, loss) if loss is not None else []
 
         def stored(graph: EinGraph) -> Plan:  # the stored graph, rematerialised when that is needed
-            try:
+            if loss is None:
                 return fitted(graph)
+            try:
+                return fitted(eager(graph, loss))
             except PlanMemoryError:
                 if not sets:
                     raise
-                return fitted(remat.rematerialize(graph, loss, sets[0]))
+                again = remat.rematerialize(graph, loss, sets[0])
+                return fitted(eager(again, remat.loss_of(again)))
 
         plan, how = offload.replan(g, cluster, smallest, stored)
         summary = replace(plan.summary, storage_seconds=how.seconds)

@@ -21,6 +21,7 @@ from einsummable.engines import local, native, scheduler
 from einsummable.engines.blocks import Blocks
 from einsummable.engines.machine import MachinePart
 from einsummable.errors import EngineError
+from einsummable.ir import priority
 from einsummable.ir.box import slices
 from einsummable.lower.refine import Share, refine
 from einsummable.lower.taskgraph import MoveTask, TaskGraph
@@ -107,6 +108,7 @@ class _Part:
     def __init__(self, tg: TaskGraph, me: int, rank: list[float], cpus: int) -> None:
         cores, machine = tg.cores, tg.machine_of
         self.cores, self.cpus = cores, cpus  # the plan's cores; the node's CPUs, for a lone worker's BLAS
+        self.window = priority.window(tg.order, cores)
         self.ids = [t for t, task in enumerate(tg.tasks) if machine(task.loc) == me
                     or (isinstance(task, MoveTask) and machine(task.src) == me)]
         self.index = {t: k for k, t in enumerate(self.ids)}
@@ -202,7 +204,8 @@ class Machine:
             with local.blas_limit(part.cores, part.cpus):
                 values = scheduler.run(part.inputs, lambda i, args: part.steps[i](args, ctx),
                                        location=part.location, workers=part.cores + 1, keep=keep,
-                                       rank=part.rank, describe=lambda i: part.describe[i])
+                                       rank=part.rank, describe=lambda i: part.describe[i],
+                                       window=part.window)
         except (EngineError, _Aborted, TimeoutError, KeyError) as err:
             cause = err.__cause__ if isinstance(err, EngineError) else err
             kind = "aborted" if isinstance(cause, _Aborted) else "error"

@@ -1,0 +1,66 @@
+"""ir/eager.py: each optimizer update moves to just after its gradient, so the program's
+order frees the gradients as it goes; the values are unchanged."""
+
+import numpy as np
+
+import einsummable as es
+from einsummable.engines import reference
+from einsummable.ir.eager import eager
+from einsummable.ir.graph import InputNode
+from einsummable.plan.memory import loss_of
+from einsummable.plan.planners import make_plan
+from graphgen import deep_mlp_grads
+
+
+def momentum(layers: int = 6, width: int = 64):
+    _, feeds = deep_mlp_grads(layers, 16, width)  # x and the weights
+    g = es.Graph()
+    h = g.input("x", (16, width))
+    ws = [g.input(f"w{k}", (width, width)) for k in range(layers)]
+    ms = [g.input(f"m{k}", (width, width)) for k in range(layers)]
+    for w in ws:
+        h = es.elementwise("relu(x0)", h @ w)
+    loss = es.einsum("bd->", h, join="x0 * x0", agg="add")
+    for k, (w, m, grad) in enumerate(zip(ws, ms, es.grad(loss, ws), strict=True)):
+        m2 = es.elementwise("0.9 * x0 + x1", m, grad)
+        g.output(f"m{k}", m2)
+        g.output(f"w{k}", es.elementwise("x0 - 0.01 * x1", w, m2))
+    g.output("loss", loss)
+    feeds |= {f"m{k}": np.full((width, width), 0.1, np.float32) for k in range(layers)}
+    return g.ir, feeds
+
+
+def test_weight_gradients_and_updates_run_as_their_operands_are_made_and_compute_the_same():
+    g, feeds = momentum()
+    e = eager(g, loss_of(g))
+    assert len(e.nodes) == len(g.nodes) and set(e.outputs) == set(g.outputs)
+    want, got = reference.run(g, feeds), reference.run(e, feeds)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    # as written, the weight gradients and their updates come after the whole backward chain,
+    # layer 0 first; eagerly each comes within a few nodes of the incoming gradient it reads,
+    # so the last layer's is first
+    written = [g.outputs[f"m{k}"] for k in range(6)]
+    eagerly = [e.outputs[f"m{k}"] for k in range(6)]
+    assert written == sorted(written) and eagerly == sorted(eagerly, reverse=True)
+    for k in range(6):
+        m2 = e.outputs[f"m{k}"]
+        latest = max(u for u in e.nodes[m2].inputs if not isinstance(e.nodes[u], InputNode))
+        assert m2 - latest <= 2, k
+
+
+def test_the_forward_keeps_its_order():
+    g, _ = momentum()
+    e = eager(g, loss_of(g))
+    forward = g.live(roots=[loss_of(g)])
+    kept = [node for node, f in zip(g.nodes, forward, strict=True) if f and not isinstance(node, InputNode)]
+    assert [node for node in e.nodes if node in kept] == kept
+
+
+def test_the_program_orders_peak_falls_when_the_backward_is_eager():
+    g, _ = momentum(layers=16, width=128)
+    cluster = es.Cluster(machines=1, cores=1)
+    late = make_plan(g, cluster, compare=False).summary.peak
+    early = make_plan(eager(g, loss_of(g)), cluster, compare=False).summary.peak
+    grads = 16 * 128 * 128 * 4
+    assert early <= late - 0.5 * grads
