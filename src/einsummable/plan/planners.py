@@ -21,6 +21,7 @@ from functools import partial
 
 from einsummable.errors import PlanError, PlanMemoryError
 from einsummable.hardware.cluster import Cluster
+from einsummable.ir import priority
 from einsummable.ir.eager import eager
 from einsummable.ir.graph import EinGraph, Formation
 from einsummable.plan import baselines, eindecomp, figures, offload, remat, twolevel
@@ -67,12 +68,29 @@ def make_plan(g: EinGraph, cluster: Cluster, planner: str = "eindecomp", compare
     tick(0, len(PLANNERS) if compare else 1, planner)
     try:
         plan = _plan(g, cluster, planner, check_memory)
+        plan = _eager_if_binding(plan, cluster, planner, check_memory)
     except PlanMemoryError as err:  # the activations may fit when recomputed in the backward
         plan = _recompute_or_offload(g, cluster, planner, err)
     if not compare:
         tick(1, 1, "")
         return plan
     return replace(plan, others=partial(_others, plan.graph, cluster, planner, tick))
+
+
+def _eager_if_binding(plan: Plan, cluster: Cluster, planner: str, check_memory: bool) -> Plan:
+    """Where memory binds (the program's order), the plan of the graph with its backward eager
+    (ir/eager.py) when that holds less; else ``plan``."""
+    loss = remat.loss_of(plan.graph)
+    if plan.order != priority.PROGRAM or loss is None:
+        return plan
+    graph = eager(plan.graph, loss)
+    if graph is plan.graph:
+        return plan
+    try:  # not always smaller: a gradient that is an output is held from its making to the end
+        other = _plan(graph, cluster, planner, check_memory)
+    except PlanMemoryError:
+        return plan
+    return other if other.summary.peak < plan.summary.peak else plan
 
 
 def _recompute_or_offload(g: EinGraph, cluster: Cluster, planner: str, err: PlanMemoryError) -> Plan:
