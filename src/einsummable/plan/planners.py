@@ -106,16 +106,19 @@ def _recompute_or_offload(g: EinGraph, cluster: Cluster, planner: str, err: Plan
         loss = remat.loss_of(g)
         sets = remat.keep_sets(g, loss) if loss is not None else []
 
-        def stored(graph: EinGraph) -> Plan:  # the stored graph, rematerialised when that is needed
-            if loss is None:
-                return fitted(graph)
-            try:
-                return fitted(eager(graph, loss))
-            except PlanMemoryError:
-                if not sets:
-                    raise
-                again = remat.rematerialize(graph, loss, sets[0])
-                return fitted(eager(again, remat.loss_of(again)))
+        def stored(graph: EinGraph) -> Plan:
+            """The stored graph as written, then eager (ir/eager.py: not always smaller), then
+            rematerialised, each way: the first that fits."""
+            tries = [graph]
+            if loss is not None:
+                again = remat.rematerialize(graph, loss, sets[0]) if sets else None
+                tries += [eager(graph, loss)] + ([again, eager(again, remat.loss_of(again))] if again else [])
+            for candidate in tries[:-1]:
+                try:
+                    return fitted(candidate)
+                except PlanMemoryError:
+                    continue
+            return fitted(tries[-1])
 
         plan, how = offload.replan(g, cluster, smallest, stored)
         summary = replace(plan.summary, storage_seconds=how.seconds)

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from einsummable.errors import PlanMemoryError
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.eager import eager
 from einsummable.ir.graph import EinGraph
 from einsummable.ir.remat import checkpoints, gates, rematerialize
 from einsummable.plan.memory import Memory, gib, loss_of
@@ -72,7 +71,6 @@ def replan(g: EinGraph, cluster: Cluster, err: PlanMemoryError,
     smallest = before
     for keep in keep_sets(g, loss):
         graph = rematerialize(g, loss, keep)
-        graph = eager(graph, loss_of(graph))  # each update beside its gradient (ir/eager.py)
         try:
             planned = plan(graph)
         except PlanMemoryError as tried:
