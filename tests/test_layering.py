@@ -50,6 +50,8 @@ LAZY = {
         "calibrate.ray_link measures machines 0 and 1 as the Ray engine orders its nodes",
     ("einsummable.hardware.calibrate", "einsummable.engines.local"):
         "Cluster.measure times the local engine's own cost per task (calibrate.dispatch)",
+    ("einsummable.hardware.calibrate", "einsummable.engines.storage"):
+        "Cluster.measure times host storage where the engines store offloaded blocks",
     ("einsummable.hardware.calibrate", "einsummable.lower.taskgraph"):
         "... on a TaskGraph of tiny tasks it builds for that",
 }

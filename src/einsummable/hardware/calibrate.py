@@ -120,6 +120,31 @@ def node_cost(cores: int) -> float:
                              for e, n in NODE_JOINS)
 
 
+STORAGE_BYTES = 1 << 26  # 64 MiB: a stored block's size, well past the drive's cache
+
+
+def storage_bandwidth() -> float:
+    """Bytes/s a block goes to host storage and back, as offloaded state does
+    (engines/storage.py): written to a file in its directory, forced to the device, and read
+    back (the median of a few; wall time, the device being the resource)."""
+    import tempfile
+
+    from einsummable.engines.storage import directory  # where the engines store blocks
+
+    block = np.ones(STORAGE_BYTES // 4, dtype=np.float32)
+    times = []
+    for _ in range(3):
+        with tempfile.TemporaryFile(dir=directory()) as f:
+            t0 = time.perf_counter()
+            f.write(block.data)
+            f.flush()
+            os.fsync(f.fileno())
+            f.seek(0)
+            f.readinto(memoryview(np.empty_like(block)).cast("B"))
+            times.append(time.perf_counter() - t0)
+    return 2 * STORAGE_BYTES / statistics.median(times)
+
+
 def physical_memory() -> float:
     """This machine's memory in bytes."""
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -133,6 +158,7 @@ def rates(cores: int) -> dict[str, float]:
         copy = 4 * COPY_ELEMENTS / _per_core_seconds(cores, _copy)
     return {"flops_per_core": gemm, "bandwidth_within": copy, "elementwise_flops_per_core": elementwise,
             "copy_bandwidth": copy, "memory_per_machine": physical_memory(),
+            "storage_bandwidth": storage_bandwidth(),
             "elementwise_node_cost": node_cost(cores)} | dispatch(cores)
 
 

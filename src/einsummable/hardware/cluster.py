@@ -71,7 +71,8 @@ class Cluster:
     view_overhead: float = 2e-6  # that of a task that runs no kernel (an input, a view): dispatch alone
     memory_per_machine: float = 256 * 2**30  # bytes
     # bytes/s a machine moves between its memory and its host storage, each way: an offloaded
-    # input's load before its reader and its new value's store (plan/offload.py)
+    # input's load before its reader and its new value's store (plan/offload.py); measure()
+    # times a 64 MiB block written, synced and read back (0.6 GB/s on this box's disk)
     storage_bandwidth: float = 2e9
     blas_threads: int = 1  # cores one worker's GEMMs use (BLAS threads)
     # A driver in another process (the Ray engine): seconds of a run's call to a machine and
