@@ -213,17 +213,43 @@ def check_lowered(plan, feeds: dict[str, np.ndarray]):
 def deep_mlp_grads(layers: int, batch: int, width: int) -> tuple[EinGraph, dict[str, np.ndarray]]:
     """The weight gradients of a deep ReLU MLP, and its feeds: each weight is read by its
     layer's forward and, far later, by the backward's input gradient (FSDP gathers it twice)."""
+    g, ws, loss = _deep_mlp(layers, batch, width, 1.0)
+    for k, grad in enumerate(es.grad(loss, ws)):
+        g.output(f"d{k}", grad)
+    g.output("loss", loss)
+    return g.ir, _mlp_feeds(layers, batch, width)
+
+
+def deep_mlp_momentum(layers: int, batch: int, width: int, loss_scale: float = 1.0
+                      ) -> tuple[EinGraph, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """That MLP's step with momentum, ``m' = 0.9 m + grad, w' = w - 0.01 m'`` (both outputs
+    replace their inputs), its loss scaled by ``loss_scale``: the graph, its state (weights,
+    momenta of 0.1) and its data (``x``)."""
+    g, ws, loss = _deep_mlp(layers, batch, width, loss_scale)
+    ms = [g.input(f"m{k}", (width, width)) for k in range(layers)]
+    for k, (w, m, grad) in enumerate(zip(ws, ms, es.grad(loss, ws), strict=True)):
+        m2 = es.elementwise("0.9 * x0 + x1", m, grad)
+        g.output(f"m{k}", m2)
+        g.output(f"w{k}", es.elementwise("x0 - 0.01 * x1", w, m2))
+    g.output("loss", loss)
+    feeds = _mlp_feeds(layers, batch, width)
+    state = {name: v for name, v in feeds.items() if name != "x"}
+    state |= {f"m{k}": np.full((width, width), 0.1, np.float32) for k in range(layers)}
+    return g.ir, state, {"x": feeds["x"]}
+
+
+def _deep_mlp(layers: int, batch: int, width: int, loss_scale: float):
     g = es.Graph()
     h = g.input("x", (batch, width))
     ws = [g.input(f"w{k}", (width, width)) for k in range(layers)]
     for w in ws:
         h = es.elementwise("relu(x0)", h @ w)
-    loss = es.einsum("bd->", h, join="x0 * x0", agg="add")
-    for k, grad in enumerate(es.grad(loss, ws)):
-        g.output(f"d{k}", grad)
-    g.output("loss", loss)
+    return g, ws, es.einsum("bd->", h, join=f"x0 * x0 * {loss_scale!r}", agg="add")
+
+
+def _mlp_feeds(layers: int, batch: int, width: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((batch, width), dtype=np.float32)}
     feeds |= {f"w{k}": rng.standard_normal((width, width), dtype=np.float32) / np.float32(width ** 0.5)
               for k in range(layers)}
-    return g.ir, feeds
+    return feeds

@@ -12,25 +12,12 @@ from einsummable.plan.partition import Partition
 from einsummable.plan.plan import build
 from einsummable.plan.planners import make_plan
 from einsummable.plan.space import spaces
-from graphgen import deep_mlp_grads
+from graphgen import deep_mlp_momentum
 
 
 def momentum(layers: int = 6, width: int = 64):
-    _, feeds = deep_mlp_grads(layers, 16, width)  # x and the weights
-    g = es.Graph()
-    h = g.input("x", (16, width))
-    ws = [g.input(f"w{k}", (width, width)) for k in range(layers)]
-    ms = [g.input(f"m{k}", (width, width)) for k in range(layers)]
-    for w in ws:
-        h = es.elementwise("relu(x0)", h @ w)
-    loss = es.einsum("bd->", h, join="x0 * x0", agg="add")
-    for k, (w, m, grad) in enumerate(zip(ws, ms, es.grad(loss, ws), strict=True)):
-        m2 = es.elementwise("0.9 * x0 + x1", m, grad)
-        g.output(f"m{k}", m2)
-        g.output(f"w{k}", es.elementwise("x0 - 0.01 * x1", w, m2))
-    g.output("loss", loss)
-    feeds |= {f"m{k}": np.full((width, width), 0.1, np.float32) for k in range(layers)}
-    return g.ir, feeds
+    g, state, data = deep_mlp_momentum(layers, 16, width)
+    return g, state | data
 
 
 def test_weight_gradients_and_updates_run_as_their_operands_are_made_and_compute_the_same():

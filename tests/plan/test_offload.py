@@ -15,32 +15,16 @@ from einsummable.ir import priority
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import InputTask
 from einsummable.plan.planners import make_plan
+from graphgen import deep_mlp_momentum
 
 MiB = 2**20
 LAYERS, BATCH, WIDTH = 32, 64, 256  # 32 weights and 32 momenta of 256 KiB: 16 MiB of state
 
 
 def momentum_step():
-    """A deep ReLU MLP's step with momentum, ``m' = 0.9 m + grad, w' = w - 0.01 m'``: its state
-    (16 MiB) is two thirds of its peak, and the gradients, which remat cannot recompute, most
-    of the rest."""
-    g = es.Graph()
-    h = g.input("x", (BATCH, WIDTH))
-    ws = [g.input(f"w{k}", (WIDTH, WIDTH)) for k in range(LAYERS)]
-    ms = [g.input(f"m{k}", (WIDTH, WIDTH)) for k in range(LAYERS)]
-    for w in ws:
-        h = es.elementwise("relu(x0)", h @ w)
-    loss = es.einsum("bd->", h, join="x0 * x0 * 0.001", agg="add")
-    for k, (w, m, grad) in enumerate(zip(ws, ms, es.grad(loss, ws), strict=True)):
-        m2 = es.elementwise("0.9 * x0 + x1", m, grad)
-        g.output(f"m{k}", m2)
-        g.output(f"w{k}", es.elementwise("x0 - 0.01 * x1", w, m2))
-    g.output("loss", loss)
-    rng = np.random.default_rng(0)
-    state = {f"w{k}": rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / np.float32(WIDTH ** 0.5)
-             for k in range(LAYERS)}
-    state |= {f"m{k}": np.zeros((WIDTH, WIDTH), np.float32) for k in range(LAYERS)}
-    return g.ir, state, {"x": rng.standard_normal((BATCH, WIDTH), dtype=np.float32)}
+    """A deep ReLU MLP's step with momentum: its state (16 MiB) is two thirds of its peak, and
+    the gradients, which remat cannot recompute, most of the rest."""
+    return deep_mlp_momentum(LAYERS, BATCH, WIDTH, loss_scale=0.001)
 
 
 BUDGET = 8 * MiB
