@@ -24,6 +24,7 @@ from einsummable.ir.box import whole
 from einsummable.ir.dtypes import canonical
 from einsummable.ir.fuse import fuse
 from einsummable.ir.graph import EinGraph, InputNode
+from einsummable.lower.fusion import fuse as fuse_tasks
 from einsummable.lower.lowering import lower
 from einsummable.lower.lowering import stored as stored_inputs
 from einsummable.lower.refine import machine_shares
@@ -45,8 +46,10 @@ class Program:
     ``simulate()`` predicts the run on the planned cluster, whatever the engine (the
     simulate engine computes nothing, so that is all it does). ``plan`` prints the
     partitions, strategies and bytes moved against the baselines; it and ``taskgraph``,
-    the lowered block program, are None for the reference engine, which runs the graph
-    whole. ``executor`` is the engine's own program object.
+    the lowered block program with its fusions (lower/fusion.py: the tasks every engine
+    runs, simulates and traces), are None for the reference engine, which runs the graph
+    whole; ``unfused()`` lowers it again without them. ``executor`` is the engine's own
+    program object.
     """
 
     def __init__(self, graph: EinGraph, engine: str, executor: Executor | None, plan: Plan | None = None,
@@ -63,8 +66,12 @@ class Program:
         """The core-level TaskGraph; built here on first use for a Ray program over several
         machines, which lowers only the machine-level graph (each machine lowers its own share)."""
         if self._taskgraph is None and self.plan is not None:
-            self._taskgraph = lower(self.plan)
+            self._taskgraph = fuse_tasks(lower(self.plan)).graph
         return self._taskgraph
+
+    def unfused(self) -> TaskGraph | None:
+        """The TaskGraph as lowering makes it, before the fusion passes (for the oracles)."""
+        return None if self.plan is None else lower(self.plan)
 
     def run(self, feeds: Mapping[str, object], like: str | None = None,
             trace: str | Path | None = None) -> dict[str, object]:
@@ -422,5 +429,5 @@ def compile(
                           "the local engine (engine='local'), not on Ray's actors yet")
     if engine == "ray" and plan.levels is not None and hardware.machines > 1:
         return Program(ir, engine, _ray(ir, None, address, plan), plan)  # no core-level graph here
-    taskgraph = lower(plan)
+    taskgraph = fuse_tasks(lower(plan)).graph
     return Program(ir, engine, ENGINES[engine](ir, taskgraph, **options), plan, taskgraph)

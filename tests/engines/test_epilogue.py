@@ -1,14 +1,22 @@
-"""GEMM epilogues (engines/epilogue.py): the join runs in its GEMM's task and computes what the
-reference engine computes, in place for a sum, with its own kernel for other joins."""
+"""GEMM epilogues (lower/fusion.py's rule, engines/epilogue.py's step): the join runs in its GEMM's
+task and computes what the reference engine computes, in place for a sum, with its own kernel for
+other joins."""
 
 import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines import epilogue
+from einsummable.engines import epilogue, local
+from einsummable.ir import kinds
+from einsummable.ir.box import whole
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Input, call
-from einsummable.lower.taskgraph import ApplyTask, InputTask, MoveTask
+from einsummable.lower.fusion import fuse
+from einsummable.lower.taskgraph import ApplyTask, FusedTask, InputTask, MoveTask, Output, TaskGraph
+
+
+def _epilogues(tg: TaskGraph) -> list[FusedTask]:
+    return [t for t in tg.tasks if isinstance(t, FusedTask) and kinds.is_gemm(t.first)]
 
 
 def _feeds(shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
@@ -23,7 +31,7 @@ def _check(g: es.Graph, feeds: dict[str, np.ndarray], workers: int) -> int:
     got = prog.run(feeds)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-5, err_msg=name)
-    return len(prog.executor.fused)
+    return len(_epilogues(prog.taskgraph))
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -64,27 +72,23 @@ def test_a_sum_adds_into_the_block_only_where_the_gemm_is_among_its_first_two_te
     g.output("late", a + b + x @ w)
     g.output("first", x @ w + a + b)
     g.output("second", a + x @ w + b)
-    prog = es.compile(g, workers=1)
-    tasks = prog.executor.tg.tasks
-    outputs = {name: out.blocks[0][0] for name, out in prog.executor.tg.outputs.items()}
-    fused = prog.executor.fused
-    assert set(outputs.values()) <= set(fused)
-    in_place = {name: epilogue.adds_in_place(tasks[fused[j][0]].op, tasks[j].op, fused[j][1])
-                for name, j in outputs.items()}
+    tg = es.compile(g, workers=1).taskgraph
+    outputs = {name: tg.tasks[out.blocks[0][0]] for name, out in tg.outputs.items()}
+    assert all(isinstance(t, FusedTask) for t in outputs.values())
+    in_place = {name: epilogue.adds_in_place(t.first, t.then, t.k) for name, t in outputs.items()}
     assert in_place == {"late": False, "first": True, "second": True}
 
 
-def test_fused_epilogues_give_the_unfused_engines_bits(monkeypatch):
+def test_fused_epilogues_give_the_unfused_engines_bits():
     """In place or not, the fused task computes what the two tasks compute apart, bit for bit."""
     g = es.Graph()
     x, w, r, b = g.input("x", (64, 48)), g.input("w", (48, 40)), g.input("r", (64, 40)), g.input("b", (40,))
     g.output("y", es.nn.relu(r + x @ w + b) * r + (r @ w.T) @ w)
     feeds = _feeds({"x": (64, 48), "w": (48, 40), "r": (64, 40), "b": (40,)})
     fused = es.compile(g, workers=1)
-    monkeypatch.setattr(epilogue, "pairs", lambda tasks, keep: {})
-    apart = es.compile(g, workers=1)
-    assert fused.executor.fused and not apart.executor.fused
-    np.testing.assert_array_equal(fused.run(feeds)["y"], apart.run(feeds)["y"])
+    apart = fused.unfused()
+    assert _epilogues(fused.taskgraph) and not _epilogues(apart)
+    np.testing.assert_array_equal(fused.run(feeds)["y"], local.run(apart, feeds)["y"])
 
 
 def test_a_join_that_reads_a_move_keeps_its_gemm_apart():
@@ -95,6 +99,13 @@ def test_a_join_that_reads_a_move_keeps_its_gemm_apart():
     add = Einsummable((32, 32), ((0, 1), (0, 1)), 2, call("add", Input(0), Input(1)), None, ("f32", "f32"))
     tasks = [InputTask("x", box, "f32", 0), InputTask("w", box, "f32", 0), InputTask("r", box, "f32", 1),
              MoveTask((2,), box, 1, 0, "f32"), ApplyTask(matmul, (0, 1), 0)]
-    assert epilogue.pairs([*tasks, ApplyTask(add, (4, 3), 0)], keep={5}) == {}
-    tasks[2] = InputTask("r", box, "f32", 0)  # the same join on a block of its own worker
-    assert epilogue.pairs([*tasks, ApplyTask(add, (4, 2), 0)], keep={5}) == {5: (4, 0)}
+
+    def fused(join: ApplyTask) -> list[FusedTask]:
+        tg = TaskGraph((*tasks, join), {"y": Output((32, 32), "f32", ((5, whole((32, 32))),))}, 2, 2)
+        out = fuse(tg).graph
+        out.validate()
+        return _epilogues(out)
+
+    assert fused(ApplyTask(add, (4, 3), 0)) == []
+    tasks[2:4] = [InputTask("r", box, "f32", 0), MoveTask((2,), box, 0, 0, "f32")]  # a block of its own
+    assert fused(ApplyTask(add, (4, 2), 0)) == [FusedTask(matmul, add, (0, 1, -1, 2), (0, 1, 2), 0)]

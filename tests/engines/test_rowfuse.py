@@ -1,4 +1,5 @@
-"""Row reductions fused with their one elementwise reader (engines/rowfuse.py, crows.py).
+"""Row reductions fused with their one elementwise reader (lower/fusion.py's rule; the local
+engine's step in engines/rowfuse.py, crows.py).
 
 The fused step against two oracles: the same two ops run apart by the engine's kernels
 (bit for bit: the fused function is their generated code, composed a row at a time), and
@@ -14,11 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import einsummable as es
-from einsummable.engines import cbuild, kernels, native, rowfuse
-from einsummable.ir import scalar
+from einsummable.engines import cbuild, kernels, local, native, rowfuse
+from einsummable.ir import kinds, scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Const, Input, Var, call, inputs_used
+from einsummable.lower.taskgraph import FusedTask, TaskGraph
 
 pytestmark = pytest.mark.skipif(
     not cbuild.enabled() or cbuild.compiler() is None,
@@ -84,6 +86,19 @@ def _arrays(red, join, k, rnames, jnames, dtype, seed, special):
     return out
 
 
+def _step(red, join, k, rnames, jnames):
+    """The fused step over named operands, and the names of its arguments, each once (as
+    lower/fusion.py hands them: R's operands, then J's others)."""
+    names = list(dict.fromkeys([*rnames, *jnames[:k], *jnames[k + 1 :]]))
+    slots = tuple(names.index(n) for n in rnames) + tuple(-1 if m == k else names.index(n)
+                                                          for m, n in enumerate(jnames))
+    return rowfuse.step(red, join, slots), names
+
+
+def _rows(tg: TaskGraph) -> list[FusedTask]:
+    return [t for t in tg.tasks if isinstance(t, FusedTask) and not kinds.is_gemm(t.first)]
+
+
 def _numpy_path(o: Einsummable, monkeypatch):
     with monkeypatch.context() as m:
         m.setenv(cbuild.ENV, "numpy")
@@ -108,16 +123,17 @@ def test_fused_step_gives_the_bits_of_its_two_kernels_and_the_numpy_path(monkeyp
         name, dtype, sizes, special = case
         red, join, k, rnames, jnames = _pair(name, dtype, sizes)
         assert rowfuse.source(red, join, k) is not None, f"{name} {dtype} does not fuse"
-        step = rowfuse.step(red, join, k, rnames, jnames)
+        step, names = _step(red, join, k, rnames, jnames)
+        assert isinstance(step, rowfuse.Fused)
         apart = kernels.prepare(red), kernels.prepare(join)  # the two tasks' kernels in the engine
-        built.append((case, red, join, k, rnames, jnames, step, apart))
+        built.append((case, red, join, k, rnames, jnames, (step, names), apart))
     native.flush()  # all in one batch
-    for seed, ((name, dtype, sizes, special), red, join, k, rnames, jnames, step, (c_red, c_join)) in \
-            enumerate(built):
+    for seed, ((name, dtype, sizes, special), red, join, k, rnames, jnames, (step, names), (c_red, c_join)) \
+            in enumerate(built):
         arrays = _arrays(red, join, k, rnames, jnames, dtype, seed, special)
         variables = {"v": 0.75}
         with np.errstate(all="ignore"):
-            got = step([arrays[n] for n in rowfuse.shared(rnames, jnames, k)], {}, variables)
+            got = step([arrays[n] for n in names], {}, variables)
             block = c_red([arrays[n] for n in rnames], variables)
             exact = c_join([block if m == k else arrays[n] for m, n in enumerate(jnames)], variables)
             block = _numpy_path(red, monkeypatch)([arrays[n] for n in rnames], variables)
@@ -144,15 +160,15 @@ def test_two_pairs_of_one_form_walked_in_other_orders_each_give_their_own_bits()
         red = Einsummable.from_spec("jk,ikj->i", [(40, 37), (n0, 37, 40)], join="exp(x0 * 0.01) * x1",
                                     agg="add", dtypes=["f32", "f32"])
         join = Einsummable.from_spec("i,ij->ij", [(n0,), (n0, 7)], join="x1 - x0", dtypes=["f32", "f32"])
-        step = rowfuse.step(red, join, 0, ["r0", "r1"], ["R", "j1"])
-        built.append((red, join, step, kernels.prepare(red), kernels.prepare(join)))
+        step, names = _step(red, join, 0, ["r0", "r1"], ["R", "j1"])
+        built.append((red, join, (step, names), kernels.prepare(red), kernels.prepare(join)))
     native.flush()
     rng = np.random.default_rng(0)
-    for red, join, step, c_red, c_join in built:
+    for red, join, (step, names), c_red, c_join in built:
         arrays = {"r0": rng.standard_normal((40, 37)).astype(np.float32),
                   "r1": rng.standard_normal(red.input_shapes[1]).astype(np.float32),
                   "j1": rng.standard_normal(join.input_shapes[1]).astype(np.float32)}
-        got = step([arrays[n] for n in rowfuse.shared(["r0", "r1"], ["R", "j1"], 0)], {}, {})
+        got = step([arrays[n] for n in names], {}, {})
         want = c_join([c_red([arrays["r0"], arrays["r1"]], None), arrays["j1"]], None)
         assert (got == want).all(), f"{red.join_shape}: {got[got != want][:3]} vs {want[got != want][:3]}"
 
@@ -207,20 +223,18 @@ def _against_reference(g, feeds, workers, rtol):
 @pytest.mark.parametrize("workers", [1, 2])
 @pytest.mark.parametrize("dtype", ["f32", "f64", "bf16", "f16"])
 def test_local_engine_fuses_row_pairs_and_matches_the_reference(workers, dtype):
-    """Each pattern fuses (f16 stays apart, on numpy) and the engine computes what the reference does."""
+    """Each pattern fuses into one task and the engine computes what the reference does (f16's
+    fused tasks run their two numpy kernels one after the other)."""
     g, feeds = _graph(dtype)
     rtol = {"f32": 2e-5, "f64": 1e-12, "bf16": 2 ** -6, "f16": 2 ** -9}[dtype]
     prog = _against_reference(g, feeds, workers, rtol)
-    rows = prog.executor.rows
-    if dtype == "f16":
-        assert rows == {}
-        return
-    tasks = prog.executor.tg.tasks
-    fused = {scalar.to_string(tasks[j].op.join) for j in rows}
+    rows = _rows(prog.taskgraph)
+    fused = {scalar.to_string(t.then.join) for t in rows}
     assert any("x0 * (x1 - x2)" in j for j in fused)  # the softmax gradient
     assert any("rsqrt" in j for j in fused) and any("log" in j for j in fused)  # rmsnorm, log-softmax
-    for j, (r, _) in rows.items():
-        assert prog.executor.inputs[r] == () and set(tasks[r].inputs) <= set(prog.executor.inputs[j])
+    assert len(prog.taskgraph) <= len(prog.unfused()) - len(rows)  # the reductions' tasks are gone
+    steps = [prog.executor.steps[t] for t, task in enumerate(prog.taskgraph.tasks) if task in rows]
+    assert all(isinstance(step, rowfuse.Fused) == (dtype != "f16") for step in steps)
 
 
 def test_a_block_read_twice_is_handed_over_once():
@@ -233,8 +247,8 @@ def test_a_block_read_twice_is_handed_over_once():
     feeds = {"y": rng.standard_normal((16, 40), dtype=np.float32),
              "w": rng.standard_normal(40, dtype=np.float32)}
     prog = _against_reference(g, feeds, 1, 2e-5)
-    (j, _), = prog.executor.rows.items()
-    assert len(prog.executor.inputs[j]) == 2  # y and w
+    (fused,) = _rows(prog.taskgraph)
+    assert len(fused.inputs) == 2  # y and w
 
 
 def test_a_reduction_read_twice_or_kept_as_an_output_runs_apart():
@@ -248,22 +262,25 @@ def test_a_reduction_read_twice_or_kept_as_an_output_runs_apart():
     g.output("b", es.einsum("ij,i->ij", dy, s, join="x0 - x1"))
     rng = np.random.default_rng(1)
     feeds = {n: rng.standard_normal((16, 24), dtype=np.float32) for n in ("y", "dy")}
-    assert _against_reference(g, feeds, 1, 2e-5).executor.rows == {}
+    assert _rows(_against_reference(g, feeds, 1, 2e-5).taskgraph) == []
 
 
 @pytest.mark.parametrize("off", [(cbuild.ENV, "numpy"), ("CC", "/nonexistent/cc")])
-def test_without_compiled_kernels_nothing_fuses(monkeypatch, off):
-    """Forced off, or no compiler: the two tasks run apart from the start (a fused pair would
-    hold its reduction back for its join's operands, then run the two kernels apart anyway)."""
+def test_without_compiled_kernels_the_fused_tasks_run_their_two_kernels(monkeypatch, off):
+    """Forced off, or no compiler: the graph is the same (it does not depend on a compiler), and
+    each fused task runs R's then J's own kernel."""
+    fused = _rows(es.compile(_graph()[0], workers=1).taskgraph)
     monkeypatch.setenv(*off)
     g, feeds = _graph()
-    assert _against_reference(g, feeds, 1, 2e-5).executor.rows == {}
+    prog = _against_reference(g, feeds, 1, 2e-5)
+    assert _rows(prog.taskgraph) == fused
+    assert not any(isinstance(step, rowfuse.Fused) for step in prog.executor.steps)
 
 
 def test_a_failed_build_runs_the_two_kernels_apart(monkeypatch):
     """Where the compiler fails at run time, the fused step runs R's then J's own kernel."""
     red, join, k, rnames, jnames = _pair("softmax backward", "f32", (6, 40, 2))
-    step = rowfuse.step(red, join, k, rnames, jnames)
+    step, _ = _step(red, join, k, rnames, jnames)
     monkeypatch.setattr(cbuild, "function", lambda src: None)
     rng = np.random.default_rng(2)
     y, dy = (rng.standard_normal((6, 40), dtype=np.float32) for _ in range(2))
@@ -273,7 +290,7 @@ def test_a_failed_build_runs_the_two_kernels_apart(monkeypatch):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_fused_rows_give_the_unfused_engines_bits(monkeypatch, workers):
+def test_fused_rows_give_the_unfused_engines_bits(workers):
     """A residual rmsnorm block and its gradient (rmsnorm backward's dx fuses, as in Llama's step):
     with row pairs fused the local engine gives the bits it gives with them apart."""
     g = es.Graph()
@@ -287,11 +304,9 @@ def test_fused_rows_give_the_unfused_engines_bits(monkeypatch, workers):
              "w": rng.standard_normal(96, dtype=np.float32),
              "v": rng.standard_normal((96, 96), dtype=np.float32) / 10}
     fused = _against_reference(g, feeds, workers, 1e-4)
-    assert fused.executor.rows
-    monkeypatch.setattr(rowfuse, "pairs", lambda tasks, keep: {})
-    apart = es.compile(g, workers=workers)
-    assert apart.executor.rows == {}
-    got, want = fused.run(feeds), apart.run(feeds)
+    apart = fused.unfused()
+    assert _rows(fused.taskgraph) and not _rows(apart)
+    got, want = fused.run(feeds), local.run(apart, feeds)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
@@ -341,14 +356,14 @@ def test_random_fused_pairs_give_the_bits_of_their_two_kernels(pairs):
     for red, join, seed in pairs:
         if rowfuse.source(red, join, 1) is not None:
             rnames, jnames = ("r0", "r1"), ("j0", "r", "j2")
-            built.append((red, join, seed, rnames, jnames, rowfuse.step(red, join, 1, rnames, jnames),
+            built.append((red, join, seed, rnames, jnames, _step(red, join, 1, rnames, jnames),
                           kernels.prepare(red), kernels.prepare(join)))
     assert len(built) >= 10  # most pairs fuse: this test tests something
     native.flush()
-    for red, join, seed, rnames, jnames, step, c_red, c_join in built:
+    for red, join, seed, rnames, jnames, (step, names), c_red, c_join in built:
         arrays = _arrays(red, join, 1, rnames, jnames, red.dtype, seed, special=True)
         with np.errstate(all="ignore"):
-            got = step([arrays[n] for n in rowfuse.shared(rnames, jnames, 1)], {}, {"v": -1.5})
+            got = step([arrays[n] for n in names], {}, {"v": -1.5})
             block = c_red([arrays[n] for n in rnames], {"v": -1.5})
             want = c_join([block if m == 1 else arrays[n] for m, n in enumerate(jnames)], {"v": -1.5})
         same = _same(got, want)

@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines.simulate import Simulation, kernel_kind, run
+from einsummable.engines.simulate import Simulation, run
 from einsummable.errors import SimulationError
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.graph import Piece
+from einsummable.ir.kinds import kind
 from einsummable.lower.stats import stats
 from einsummable.lower.taskgraph import (
     ApplyTask,
@@ -90,8 +91,7 @@ def test_a_chain_adds_gemm_elementwise_move_and_overhead():
     assert sum(sim.critical_time.values()) == pytest.approx(sim.makespan)
     assert sim.critical_waits == 1  # input b waited for the core that input a held
     assert sim.busy == pytest.approx((5.22e-3, 2.1e-3))
-    kinds = [kernel_kind(t.op) for t in tasks if isinstance(t, ApplyTask)]
-    assert kinds == ["gemm", "elementwise", "elementwise"]
+    assert [kind(t.op) for t in tasks if isinstance(t, ApplyTask)] == ["gemm", "elementwise", "elementwise"]
 
 
 def _fan(pairs):

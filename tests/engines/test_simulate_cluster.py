@@ -7,11 +7,11 @@ import pytest
 
 from einsummable.cli_plan import training_graph
 from einsummable.engines import simulate, simulate_cluster
-from einsummable.engines.simulate import KERNEL_SECONDS, apply_seconds
+from einsummable.engines.simulate import KERNEL_SECONDS
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.cluster import cluster_graph, machine_plan
 from einsummable.lower.lowering import lower
-from einsummable.lower.taskgraph import ApplyTask, MoveTask
+from einsummable.lower.taskgraph import MoveTask
 from einsummable.models.llama.model import PRESETS
 from einsummable.plan.planners import make_plan
 
@@ -91,8 +91,7 @@ def object_durations(tg, cluster, split, within):
         if isinstance(task, MoveTask):
             out.append(cluster.overhead_across + simulate._nbytes(task) / cluster.bandwidth_across)
             continue
-        kernel = apply_seconds(task.op, cluster) if isinstance(task, ApplyTask) else \
-            KERNEL_SECONDS[type(task)](task, cluster)
+        kernel = KERNEL_SECONDS[type(task)](task, cluster)
         overhead = cluster.view_overhead if simulate.runs_no_kernel(task) else cluster.task_overhead
         k = (kernel + within[t]) / n + overhead
         out.append(max(k, n * k / cluster.cores))

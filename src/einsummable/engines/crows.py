@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 
-from einsummable.engines import kernels
 from einsummable.engines.ccodegen import (
     COMPUTE,
     IDENTITY,
@@ -32,7 +31,7 @@ from einsummable.engines.ccodegen import (
 )
 from einsummable.engines.kernels import factored_parts
 from einsummable.errors import Unsupported
-from einsummable.ir import scalar
+from einsummable.ir import kinds, scalar
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import variables_used
 
@@ -62,7 +61,7 @@ def _layout(red: Einsummable, join: Einsummable) -> tuple:
     parts = factored_parts(red)
     inner = None if parts is None else parts[0][0]
     return (loop_order(red), loop_order(join),
-            None if inner is None else (loop_order(inner), kernels.is_gemm(inner)))
+            None if inner is None else (loop_order(inner), kinds.is_gemm(inner)))
 
 
 def _generate_pair(red: Einsummable, join: Einsummable, k: int, rounded: str) -> Source:
@@ -114,7 +113,7 @@ def _reduction(red: Einsummable, names: tuple[str, ...], pad: str, acc_t: str) -
         return _scope(red, names, pad, "r", head, acc_t, {"y": "0"}, list(range(len(red.inputs))), red.rank,
                       red.out_rank)
     (inner, used), (outer, o_used) = parts
-    if len(set(red.dtypes)) > 1 or kernels.is_gemm(inner) or kernels.equality_gather(inner) is not None \
+    if len(set(red.dtypes)) > 1 or kinds.is_gemm(inner) or kinds.equality_gather(inner) is not None \
             or (o_used and outer.dtype != red.dtype) or (not o_used and variables_used(outer)):
         raise Unsupported("a factored reduction numpy would promote, or a GEMM, gather or run-time scale")
     lines = _scope(inner, names, pad, "r", head, acc_t, {"y": "0"}, used, red.rank, red.out_rank)

@@ -2,18 +2,18 @@
 
 A session run whose output replaces a resident input of the same name (a decode step's KV
 cache, ``where(slot == t, new, cache)``) has no use for that input's blocks once they are
-read. Where the one task that reads such a block is ``where(c, x, old)`` over it
-(elementwise, ``old`` read at the output's own index and in the output's dtype, ``c`` and
-``x`` not reading it), the local engine runs it in place: only the elements where ``c``
-holds are stored, into the given-up block, which becomes the output's. A cache update then
-costs the slot it writes, not a read and a write of the whole cache.
+read. lower/fusion.py marks the apply that may write into such a block (``ApplyTask.donates``:
+``where(c, x, old)`` over it, the block's one reader). Where the run's feed is given up
+(``GivenUp``), the local engine runs that task in place: only the elements where ``c`` holds
+are stored, into the given-up block, which becomes the output's. A cache update then costs
+the slot it writes, not a read and a write of the whole cache.
 
-Everything else runs as before: the TaskGraph, the other engines, a run that donates nothing,
-and a block that is not the engine's own whole array (a view of a feed or of another block)
-run the plain kernel into a fresh block.
+Everything else runs as before: a run that donates nothing, and a block that is not the
+engine's own whole array (a view of a feed or of another block), run the plain kernel into a
+fresh block.
 
-    prepared = prepare(tg, inputs, keep, steps, fused)    # at prepare: {task: (name, step)}
-    steps = swap(steps, prepared, feeds)                  # per run: those whose input is GivenUp
+    prepared = prepare(tg, steps)              # at prepare: {task: (name, step)}
+    steps = swap(steps, prepared, feeds)       # per run: those whose input is GivenUp
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from einsummable.ir.dtypes import HALF, to_numpy
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, inputs_used, substitute
 from einsummable.ir.scalar import _variable
-from einsummable.ir.scalar_ops import is_call
-from einsummable.lower.taskgraph import ApplyTask, InputTask, TaskGraph
+from einsummable.lower.fusion import match
+from einsummable.lower.taskgraph import ApplyTask, TaskGraph
 
 Step = Callable[[list, dict, dict], np.ndarray]
 MAX_SLABS = 64  # more places where c holds than this: one masked store over the block instead
@@ -49,56 +49,14 @@ class Donor:
     value: Expr
 
 
-def match(op: Einsummable) -> tuple[int, Expr, Expr] | None:
-    """``(slot, cond, value)`` where ``op`` is ``where(cond, value, x[slot])`` (optionally cast
-    to its own dtype, ``x[slot]`` optionally widened from that half type), elementwise, with
-    ``x[slot]`` read whole at the output's index in the output's dtype and read nowhere else."""
-    join, rounded = op.join, isinstance(op.join, Cast) and op.join.dtype == op.dtype
-    inner = join.arg if rounded else join
-    if op.agg is not None or op.rank != op.out_rank or not is_call(inner, "where"):
-        return None
-    cond, value, old = inner.args
-    if isinstance(old, Cast) and old.dtype == "f32" and op.dtype in HALF:
-        old = old.arg  # a half value widened: exact, and rounded back exactly
-    if not isinstance(old, Input):
-        return None
-    k = old.index
-    if (op.inputs[k] != tuple(range(op.rank)) or op.dtypes[k] != op.dtype
-            or k in inputs_used(cond) | inputs_used(value)):
-        return None
-    return k, cond, Cast(op.dtype, value) if rounded else value
-
-
-def prepare(tg: TaskGraph, inputs: Sequence[tuple[int, ...]], keep: set[int], steps: Sequence[Step],
-            fused: set[int]) -> dict[int, tuple[str, Step]]:
-    """``{task: (input name, in-place step)}`` for the tasks that may write into an input's
-    block: a ``match`` that runs its own kernel (not in ``fused``), whose block of an input the
-    graph also outputs (so a session may replace it) is read by it alone (``inputs``: the
-    dependency lists the engine runs), is no output block (``keep``), and overlaps no other
-    block read of that input."""
-    tasks = tg.tasks
-    readers = [0] * len(tasks)
-    for deps in inputs:
-        for i in deps:
-            readers[i] += 1
-    boxes: dict[str, list[tuple[int, tuple]]] = {}
-    for i, t in enumerate(tasks):
-        if isinstance(t, InputTask):
-            boxes.setdefault(t.name, []).append((i, t.box))
+def prepare(tg: TaskGraph, steps: Sequence[Step]) -> dict[int, tuple[str, Step]]:
+    """``{task: (input name, in-place step)}`` for the applies marked ``donates``."""
     out: dict[int, tuple[str, Step]] = {}
-    for j, task in enumerate(tasks):
-        found = match(task.op) if isinstance(task, ApplyTask) and j not in fused else None
-        if found is None:
-            continue
-        k, cond, value = found
-        i = inputs[j][k]
-        src = tasks[i]
-        if not (isinstance(src, InputTask) and src.name in tg.outputs and i not in keep
-                and readers[i] == 1 and inputs[j].count(i) == 1):
-            continue
-        if any(intersect(src.box, box) is not None for other, box in boxes[src.name] if other != i):
-            continue
-        out[j] = (src.name, in_place(task.op, Donor(src.name, k, cond, value), steps[j]))
+    for j, task in enumerate(tg.tasks):
+        if isinstance(task, ApplyTask) and task.donates >= 0:
+            k, cond, value = match(task.op)
+            name = tg.tasks[task.inputs[k]].name
+            out[j] = (name, in_place(task.op, Donor(name, k, cond, value), steps[j]))
     return out
 
 

@@ -18,10 +18,10 @@ import numpy as np
 from einsummable.engines import cbuild, native
 from einsummable.engines.gemm import contraction
 from einsummable.engines.reference_kernel import REDUCE, accumulator, align, alignment, compiled, kept_wide
-from einsummable.ir import scalar
+from einsummable.ir import kinds, scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable
-from einsummable.ir.expr import ONE, ZERO, Cast, Const, Expr, Input, call, inputs_used, substitute
+from einsummable.ir.expr import ONE, Cast, Const, Expr, Input, call, inputs_used, substitute
 from einsummable.ir.scalar_ops import is_call
 
 Kernel = Callable[[Sequence[np.ndarray], dict | None], np.ndarray]
@@ -51,9 +51,9 @@ def prepare(op: Einsummable) -> Kernel:
 
 def _body(op: Einsummable) -> Kernel:
     """The kernel's work, before its cast to ``op.dtype``: half precision stays in f32."""
-    match = equality_gather(op)
+    match = kinds.equality_gather(op)
     acc = accumulator(op)
-    if is_gemm(op):
+    if _runs_gemm(op):
         body = contraction(op)
     elif match is not None:
         def body(arrays, variables):
@@ -72,7 +72,7 @@ def _body(op: Einsummable) -> Kernel:
             body = _native(op, body)
     elif (parts := factored_parts(op)) is not None:
         body = _factored(parts)
-    elif op.agg and 0 < _aggregated_size(op) <= TINY_INNER:  # (an empty sum is the generic path's)
+    elif op.agg and 0 < _aggregated_size(op) <= kinds.TINY_INNER:  # (an empty sum is the generic path's)
         body = _native(op, _small_reduce(op))
     else:
         fn = compiled(op.join, op.dtypes)
@@ -91,11 +91,6 @@ def _body(op: Einsummable) -> Kernel:
 
         body = _native(op, body)
     return body
-
-
-def is_gemm(op: Einsummable) -> bool:
-    """Whether ``prepare`` runs ``op`` as a GEMM (``gemm.contraction``: a block it makes, fresh)."""
-    return op.is_contraction() and _inner_size(op) > TINY_INNER and not _rowwise_dot(op)
 
 
 def _native(op: Einsummable, body: Kernel) -> Kernel:
@@ -118,7 +113,6 @@ def fast_einsum(op: Einsummable, arrays: Sequence[np.ndarray], variables: dict |
     return out
 
 
-TINY_INNER = 8  # below this contracted size a GEMM per tiny matrix loses to multiply-and-sum
 
 
 def _outer_factors(op: Einsummable) -> tuple[Expr, Expr] | None:
@@ -245,37 +239,14 @@ def _at(position: tuple[int, ...], sizes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(k if n > 1 else 0 for k, n in zip(position, sizes, strict=True))
 
 
-def _rowwise_dot(op: Einsummable) -> bool:
-    """A contraction whose operands index the same dims (softmax backward's sum(y * dy)):
-    no matrix product, one pass over both operands: the C kernel's, not a batched GEMM of
-    1 x n by n x 1 matrices (1024 rows of 256: 0.022 ms against 0.026)."""
-    ia, ib = op.inputs
-    return set(ia) == set(ib) and cbuild.enabled() and "f16" not in (op.dtype, *op.dtypes)
-
-
-def _inner_size(op: Einsummable) -> int:
-    """The size of what a contraction sums over (RoPE's 2x2 rotation sums over 2)."""
-    (ia, ib) = op.inputs
-    n = 1
-    for i in set(ia) & set(ib) - set(range(op.out_rank)):
-        n *= op.join_shape[i]
-    return n
-
-
-def equality_gather(op: Einsummable) -> tuple[int, int, int] | None:
-    """Match ``sum where(xa == xb, xc, 0)``: an embedding lookup or its scatter-add gradient."""
-    e = op.join
-    if op.agg != "add" or len(op.inputs) != 3 or not is_call(e, "where"):
-        return None
-    cond, then, other = e.args
-    if not (is_call(cond, "eq") and other == ZERO and isinstance(then, Input)):
-        return None
-    a, b = cond.args
-    if not (isinstance(a, Input) and isinstance(b, Input)):
-        return None
-    if len({a.index, b.index, then.index}) != 3 or not (op.inputs[a.index] or op.inputs[b.index]):
-        return None
-    return a.index, b.index, then.index
+def _runs_gemm(op: Einsummable) -> bool:
+    """A GEMM (``kinds.is_gemm``), or a row-wise dot no C kernel will run (compiled kernels off,
+    f16): a batched GEMM of 1 x n by n x 1 matrices beats numpy's product-then-sum. Where C runs
+    it, one pass over both operands wins (1024 rows of 256: 0.022 ms against 0.026)."""
+    if kinds.is_gemm(op):
+        return True
+    return (op.is_contraction() and kinds.inner_size(op) > kinds.TINY_INNER and kinds.rowwise_dot(op)
+            and not (cbuild.enabled() and "f16" not in (op.dtype, *op.dtypes)))
 
 
 def _gather(op: Einsummable, arrays: Sequence[np.ndarray], a: int, b: int, c: int) -> np.ndarray:

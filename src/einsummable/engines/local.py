@@ -5,11 +5,12 @@ dependency loop (``scheduler.run``) with each task pinned to its planned worker,
 BLAS limited to one thread per worker (all the cores for a single worker, which
 runs inline), and the engines' fast kernels:
 contractions as batched GEMM, joins compiled to ufunc sequences, embeddings as
-gathers; a GEMM's lone elementwise reader runs in the GEMM's task (epilogue.py), and
-a row reduction's, a row at a time in one generated C function (rowfuse.py).
+gathers; a fused task (lower/fusion.py) runs a GEMM and its epilogue (epilogue.py), or
+a row reduction and its join a row at a time in one generated C function (rowfuse.py).
 Blocks are freed after their last reader; partial sums accumulate in place; a
 move inside the process is a view, not a copy. Feeds are never written, save
-the blocks a session gives up to a run that replaces them (donation.py).
+the blocks a session gives up to a run that replaces them, by the tasks marked to
+(donation.py). It runs the tasks it is given, as they are: no rewrite of its own.
 
     prog = es.compile(g, workers=2)            # engine="local"
     prog.run({"x": X})
@@ -42,12 +43,13 @@ from einsummable.engines import (
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.errors import EngineError
-from einsummable.ir import priority
+from einsummable.ir import kinds, priority
 from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (
     ApplyTask,
     ConstantTask,
+    FusedTask,
     InputTask,
     MoveTask,
     PartialTask,
@@ -141,6 +143,12 @@ def _apply(task: ApplyTask):
     return lambda args, feeds, variables: kernel(args, variables)
 
 
+def _fused(task: FusedTask):
+    if kinds.is_gemm(task.first):
+        return epilogue.step(task.first, task.then, task.slots)
+    return rowfuse.step(task.first, task.then, task.slots)
+
+
 def _move(task: MoveTask):
     box = slices(task.box)
     return lambda args, feeds, variables: args[0][box]  # one address space: a view is the move
@@ -210,15 +218,11 @@ def _view(task: ViewTask):
     return run
 
 
-def _nothing(args, feeds, variables) -> None:
-    """A GEMM's or a row reduction's own task once its join's task runs it (epilogue.py, rowfuse.py)."""
-    return None
-
-
 PREPARE = {
     InputTask: _input,
     ConstantTask: _constant,
     ApplyTask: _apply,
+    FusedTask: _fused,
     MoveTask: _move,
     PartialTask: _partial,
     ViewTask: _view,
@@ -239,7 +243,11 @@ def _timed(step, times: np.ndarray, i: int):
 
 def task_cost(task) -> float:
     """A task's estimated work, for ranking ready tasks by critical path."""
-    return float(task.op.flops()) if isinstance(task, ApplyTask) else float(np.prod(task.shape))
+    if isinstance(task, ApplyTask):
+        return float(task.op.flops())
+    if isinstance(task, FusedTask):
+        return float(task.first.flops() + task.then.flops())
+    return float(np.prod(task.shape))
 
 
 class _Ticker:
@@ -285,22 +293,11 @@ class LocalProgram:
         tasks = tg.tasks
         self.location = [t.loc for t in tasks]
         self.keep = {t for out in tg.outputs.values() for t, _ in out.blocks}
-        self.rows = rowfuse.pairs(tasks, self.keep)  # row reductions: each runs in its one reader's task
-        self.fused = {j: gk for j, gk in epilogue.pairs(tasks, self.keep).items()  # GEMM epilogues, likewise
-                      if j not in self.rows}
-        self.inputs = rowfuse.rewire(epilogue.rewire([t.inputs for t in tasks], self.fused), self.rows)
-        cost = [task_cost(t) for t in tasks]
+        self.inputs = [t.inputs for t in tasks]
         self.steps = [PREPARE[type(t)](t) for t in tasks]
-        for j, (g, k) in self.fused.items():
-            cost[j], cost[g] = cost[j] + cost[g], 0.0
-            self.steps[j], self.steps[g] = epilogue.step(tasks[g].op, tasks[j].op, k), _nothing
-        for j, (r, k) in self.rows.items():
-            cost[j], cost[r] = cost[j] + cost[r], 0.0
-            red, join = tasks[r], tasks[j]
-            self.steps[j], self.steps[r] = rowfuse.step(red.op, join.op, k, red.inputs, join.inputs), _nothing
-        self.rank = priority.ranks(self.inputs, cost, tg.order)
+        self.rank = priority.ranks(self.inputs, [task_cost(t) for t in tasks], tg.order)
         # where(c, x, a block a session run gives up): stored in place (donation.py)
-        self.donors = donation.prepare(tg, self.inputs, self.keep, self.steps, {*self.fused, *self.rows})
+        self.donors = donation.prepare(tg, self.steps)
         if tg.stored:
             self._offload(tg)
         self.reads: dict[str, collections.Counter] = {}  # per feed, the boxes its input tasks read

@@ -17,6 +17,7 @@ from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (
     ApplyTask,
     ConstantTask,
+    FusedTask,
     InputTask,
     MoveTask,
     PartialTask,
@@ -35,6 +36,13 @@ def _constant(task: ConstantTask, args, feeds, variables):
 
 def _apply(task: ApplyTask, args, feeds, variables):
     return reference_kernel.einsum(task.op, args, variables)
+
+
+def _fused(task: FusedTask, args, feeds, variables):
+    """The two ops one after the other, ``first``'s block handed to ``then`` (its slot -1)."""
+    block = reference_kernel.einsum(task.first, [args[s] for s in task.first_slots], variables)
+    operands = [args[s] if s >= 0 else block for s in task.then_slots]
+    return reference_kernel.einsum(task.then, operands, variables)
 
 
 def _move(task: MoveTask, args, feeds, variables):
@@ -67,6 +75,7 @@ EXEC = {
     InputTask: _input,
     ConstantTask: _constant,
     ApplyTask: _apply,
+    FusedTask: _fused,
     MoveTask: _move,
     PartialTask: _partial,
     ViewTask: _view,

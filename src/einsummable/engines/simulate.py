@@ -6,12 +6,11 @@ memory per machine and the critical path. No block is computed, so this is how a
 plan for 32 machines × 64 cores is judged from a 2-core box.
 
 Model, one event per task, taken from a heap in time order:
-- a core runs one task at a time, for ``task_overhead`` plus the kernel's time:
-  a GEMM's flops at ``flops_per_core`` and its output write, both spread over
-  ``blas_threads`` cores (a lone worker's BLAS has them all), any other join's at
-  ``elementwise_flops_per_core`` (an embedding's gather costs its comparisons and
-  outputs, not its join space), plus its fresh output block written at
-  ``copy_bandwidth``; fills and assembled partials cost their bytes at
+- a core runs one task at a time, for ``task_overhead`` plus the kernel's time, priced by
+  its kind (ir/kinds.py) as the planner prices it (hardware/cost.py: a GEMM's flops at
+  ``flops_per_core``, any other join's passes at ``elementwise_flops_per_core``, a gather's
+  comparisons, each with its fresh output block written at ``copy_bandwidth``; a fused task
+  its two kernels, the block between them not written); fills and assembled partials cost their bytes at
   ``copy_bandwidth``; inputs, views and single-piece partials run no kernel and cost
   ``view_overhead`` instead of ``task_overhead`` (measured here: 1-4 us, a kernel
   task's dispatch 5-25 us);
@@ -49,17 +48,18 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
-from einsummable.engines.kernels import equality_gather
 from einsummable.engines.replay import Simulation, replay
 from einsummable.errors import SimulationError
+from einsummable.hardware import cost
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.box import whole
 from einsummable.ir.dtypes import itemsize
-from einsummable.ir.einsummable import IDENTITY, Einsummable
+from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.compact import CompactGraph
 from einsummable.lower.taskgraph import (
     ApplyTask,
     ConstantTask,
+    FusedTask,
     InputTask,
     MoveTask,
     PartialTask,
@@ -71,35 +71,8 @@ from einsummable.lower.taskgraph import (
 # ------------------------------------------------------------ kernel time, per task kind
 
 
-def kernel_kind(op: Einsummable) -> str:
-    """Which kernel the engines run for ``op`` (the same choice as ``kernels.prepare``)."""
-    if op.is_contraction():
-        return "gemm"
-    if equality_gather(op) is not None:
-        return "gather"
-    if op.join == IDENTITY and len(op.inputs) == 1 and op.agg is None:
-        return "view"
-    return "elementwise"
-
-
 def _nbytes(task: Task) -> int:
     return math.prod(task.shape) * itemsize(task.dtype)
-
-
-def apply_seconds(op: Einsummable, c: Cluster) -> float:
-    """One worker's time for the kernel of ``op``, without the per-task overhead."""
-    kind = kernel_kind(op)
-    if kind == "view":
-        return 0.0
-    write = math.prod(op.out_shape) * itemsize(op.dtype) / c.copy_bandwidth
-    if kind == "gemm":
-        return (op.flops() / c.flops_per_core + write) / c.blas_threads
-    if kind == "gather":
-        a, b, _ = equality_gather(op)
-        matched = set(op.inputs[a]) | set(op.inputs[b])
-        compares = math.prod(op.join_shape[i] for i in matched)
-        return (compares + math.prod(op.out_shape)) / c.elementwise_flops_per_core + write
-    return op.passes(c.elementwise_node_cost) / c.elementwise_flops_per_core + write
 
 
 def _partial_seconds(task: PartialTask, c: Cluster) -> float:
@@ -116,7 +89,8 @@ def _partial_seconds(task: PartialTask, c: Cluster) -> float:
 KERNEL_SECONDS: dict[type, Callable[[Task, Cluster], float]] = {
     InputTask: lambda task, c: 0.0,  # a view of the feed
     ConstantTask: lambda task, c: _nbytes(task) / c.copy_bandwidth,
-    ApplyTask: lambda task, c: apply_seconds(task.op, c),
+    ApplyTask: lambda task, c: cost.seconds(task.op, c),
+    FusedTask: lambda task, c: cost.fused_seconds(task.first, task.then, c),
     PartialTask: _partial_seconds,
     ViewTask: lambda task, c: 0.0,
 }
@@ -220,7 +194,7 @@ def _durations(tg: TaskGraph, cluster: Cluster) -> list[float]:
             continue
         if isinstance(task, ApplyTask):
             if task.op not in cache:
-                cache[task.op] = apply_seconds(task.op, cluster)
+                cache[task.op] = cost.seconds(task.op, cluster)
             out[t] = cache[task.op] + cluster.task_overhead
             continue
         rule = KERNEL_SECONDS.get(type(task))

@@ -38,12 +38,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from einsummable.engines.replay import replay, secs
-from einsummable.engines.simulate import KERNEL_SECONDS, Simulation, apply_seconds, runs_no_kernel
+from einsummable.engines.simulate import KERNEL_SECONDS, Simulation, runs_no_kernel
 from einsummable.engines.trace import Event
 from einsummable.errors import SimulationError
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.cluster import ClusterGraph
-from einsummable.lower.compact import APPLY, KINDS, MOVE
+from einsummable.lower.compact import KINDS, MOVE
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def _timing(cg: ClusterGraph) -> tuple[np.ndarray, np.ndarray]:
         rule = KERNEL_SECONDS.get(type(task))
         if rule is None:
             raise SimulationError(f"task %{t}: no time rule for {type(task).__name__}")
-        per[j] = apply_seconds(task.op, c) if g.kind[t] == APPLY else rule(task, c)
+        per[j] = rule(task, c)
         dispatch[j] = c.view_overhead if runs_no_kernel(task) else c.task_overhead
     kernel[~move] = per[inv.ravel()]
     overhead = np.zeros(n)

@@ -9,7 +9,8 @@ needs gigabytes. Here a task is one row across a few arrays (about 40 bytes):
 - ``dtype``, ``shape``: ids into the ``dtypes`` and ``shapes`` tables;
 - ``aux``: an id into ``aux_table``, the rest of the task, shared by the many tasks
   that repeat it: an apply's op, a move's box, an input's (name, box), a
-  constant's (fill kind, box), a partial's (pieces, agg, pad);
+  constant's (fill kind, box), a partial's (pieces, agg, pad), a fused task's (first, then,
+  slots); an apply that donates (lower/fusion.py) has (op, the operand it donates);
 - ``indptr``/``indices``: the inputs of task t are ``indices[indptr[t]:indptr[t + 1]]``.
 
 ``task(t)`` and ``to_taskgraph()`` give the objects back, for small graphs (the DOT
@@ -31,6 +32,7 @@ from einsummable.ir.dtypes import itemsize
 from einsummable.lower.taskgraph import (
     ApplyTask,
     ConstantTask,
+    FusedTask,
     InputTask,
     MoveTask,
     Output,
@@ -40,8 +42,8 @@ from einsummable.lower.taskgraph import (
     ViewTask,
 )
 
-KINDS = ("input", "constant", "apply", "move", "partial", "view")
-INPUT, CONSTANT, APPLY, MOVE, PARTIAL, VIEW = range(6)
+KINDS = ("input", "constant", "apply", "move", "partial", "view", "fused")
+INPUT, CONSTANT, APPLY, MOVE, PARTIAL, VIEW, FUSED = range(7)
 TYPES = (np.uint8, np.int32, np.int32, np.int32, np.uint8, np.int32, np.int32)  # of the per-task columns
 SHOWN = 200  # tasks printed by str() before it cuts the listing short
 
@@ -100,7 +102,11 @@ class CompactGraph:
             fill, box = aux
             return ConstantTask(fill, box, dtype, loc)
         if k == APPLY:
-            return ApplyTask(aux, ins, loc, int(self.node[t]))
+            op, donates = aux if isinstance(aux, tuple) else (aux, -1)
+            return ApplyTask(op, ins, loc, int(self.node[t]), donates)
+        if k == FUSED:
+            first, then, slots = aux
+            return FusedTask(first, then, slots, ins, loc, int(self.node[t]))
         if k == MOVE:
             return MoveTask(ins, aux, int(self.src[t]), loc, dtype)
         if k == PARTIAL:
@@ -164,7 +170,8 @@ class CompactGraph:
 _KIND_AUX = {  # a task's kind and its aux entry, as task() reads them back
     InputTask: lambda t: (INPUT, (t.name, t.box)),
     ConstantTask: lambda t: (CONSTANT, (t.kind, t.box)),
-    ApplyTask: lambda t: (APPLY, t.op),
+    ApplyTask: lambda t: (APPLY, t.op if t.donates < 0 else (t.op, t.donates)),
+    FusedTask: lambda t: (FUSED, (t.first, t.then, t.slots)),
     MoveTask: lambda t: (MOVE, t.box),
     PartialTask: lambda t: (PARTIAL, (t.pieces, t.agg, t.pad)),
     ViewTask: lambda t: (VIEW, None),

@@ -44,6 +44,7 @@ from einsummable.ir.graph import Piece
 from einsummable.lower.blockwise import lower_blocks
 from einsummable.lower.cluster import levels, machine_plan
 from einsummable.lower.compact import MOVE, CompactGraph
+from einsummable.lower.fusion import fuse
 from einsummable.lower.taskgraph import (
     ApplyTask,
     ConstantTask,
@@ -293,7 +294,10 @@ class _Refine:
         held = {t: self.read(t, whole(self.shapes[t]), self.tasks[self.grids[t].rs[0]].loc)
                 for t in share.outputs}
         graph = TaskGraph(tuple(self.tasks), {}, self.cores, self.cores, self.share.rows.order)
-        return Refined(graph, self.receive, self.send, held)
+        fused = fuse(graph, keep={*held.values(), *self.send})  # the passes the one-machine graph gets
+        ix = fused.index
+        return Refined(fused.graph, {ix[r]: t for r, t in self.receive.items()},
+                       {ix[s]: v for s, v in self.send.items()}, {t: ix[r] for t, r in held.items()})
 
     def partial(self, task: PartialTask, core: int) -> int:
         ins: dict[int, int] = {}

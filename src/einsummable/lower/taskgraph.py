@@ -11,7 +11,13 @@ copies data except in a move. Kinds:
 - ``partial``: a fresh block built from pieces written into sub-regions; where
   pieces overlap they are combined with ``agg`` (the first write assigns), where
   none writes the block holds ``pad``. Formation and repartition are partials;
-- ``view``: a block reinterpreted row-major (reshape, complex view).
+- ``view``: a block reinterpreted row-major (reshape, complex view);
+- ``fused``: two applies in one task (lower/fusion.py): ``first``'s block is an operand of
+  ``then``, read by nothing else (a GEMM and its epilogue, a row reduction and its join).
+
+An apply's ``donates`` names the operand whose block it may write in place, where a session
+run gives that block up (a KV cache's slot update; lower/fusion.py marks it, the local engine
+does it, and any engine may ignore it).
 
 A move's data is its first input, a partial's the inputs its pieces name; any other input
 is a *gate*, waited for and not read (lower/prefetch.py: it holds a copy back until its
@@ -76,6 +82,7 @@ class ApplyTask:
     inputs: tuple[int, ...]
     loc: int
     node: int = -1  # the EinGraph node this block belongs to, for error messages
+    donates: int = -1  # the operand it may write in place when its block is given up (-1: none)
     shape: Shape = field(init=False)
     dtype: str = field(init=False)
 
@@ -84,7 +91,45 @@ class ApplyTask:
         object.__setattr__(self, "dtype", self.op.dtype)
 
     def describe(self) -> str:
-        return f"apply[{self.op}]" + (f" of node %{self.node}" if self.node >= 0 else "")
+        donates = f" donates {self.donates}" if self.donates >= 0 else ""
+        return f"apply[{self.op}]{donates}" + (f" of node %{self.node}" if self.node >= 0 else "")
+
+
+@dataclass(frozen=True)
+class FusedTask:
+    """``then`` over ``first``'s block, in one task. ``slots``: for each operand of ``first``,
+    then of ``then``, its position in ``inputs``; -1 is ``first``'s block (``then``'s operand
+    ``k``). An input both read comes once."""
+
+    first: Einsummable
+    then: Einsummable
+    slots: tuple[int, ...]
+    inputs: tuple[int, ...]
+    loc: int
+    node: int = -1
+    shape: Shape = field(init=False)
+    dtype: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", self.then.out_shape)
+        object.__setattr__(self, "dtype", self.then.dtype)
+
+    @property
+    def k(self) -> int:
+        """The operand of ``then`` that is ``first``'s block."""
+        return self.slots.index(-1) - len(self.first.inputs)
+
+    @property
+    def first_slots(self) -> tuple[int, ...]:
+        return self.slots[: len(self.first.inputs)]
+
+    @property
+    def then_slots(self) -> tuple[int, ...]:
+        return self.slots[len(self.first.inputs) :]
+
+    def describe(self) -> str:
+        return f"fused[{self.first}; {self.then} reads it as x{self.k}]" + \
+            (f" of node %{self.node}" if self.node >= 0 else "")
 
 
 @dataclass(frozen=True)
@@ -127,8 +172,8 @@ class ViewTask:
         return "view"
 
 
-Task = InputTask | ConstantTask | ApplyTask | MoveTask | PartialTask | ViewTask
-TASK_KINDS = (InputTask, ConstantTask, ApplyTask, MoveTask, PartialTask, ViewTask)
+Task = InputTask | ConstantTask | ApplyTask | MoveTask | PartialTask | ViewTask | FusedTask
+TASK_KINDS = (InputTask, ConstantTask, ApplyTask, MoveTask, PartialTask, ViewTask, FusedTask)
 
 
 @dataclass(frozen=True)
@@ -237,9 +282,11 @@ def _check(tg: TaskGraph, t: int, task: Task) -> None:
                             f"{tg.machine_of(where)}")
     ins = [tg.tasks[i] for i in data]
     if isinstance(task, ApplyTask):
-        for k, (src, shape, dtype) in enumerate(zip(ins, task.op.input_shapes, task.op.dtypes, strict=True)):
-            if (src.shape, src.dtype) != (shape, dtype):
-                raise PlanError(f"operand {k} is {src.dtype}{list(src.shape)}, op wants {dtype}{list(shape)}")
+        _check_operands(task.op, ins, "")
+    elif isinstance(task, FusedTask):
+        _check_operands(task.first, [ins[s] for s in task.first_slots], "first's ")
+        made = task.first
+        _check_operands(task.then, [ins[s] if s >= 0 else made for s in task.then_slots], "then's ")
     elif isinstance(task, MoveTask):
         _check_box(task.box, ins[0].shape, "move box")
         if ins[0].dtype != task.dtype:
@@ -262,6 +309,13 @@ def _check(tg: TaskGraph, t: int, task: Task) -> None:
                 real.shape[-1] != 2 * cplx.shape[-1]
             ):
                 raise PlanError(f"bad complex view {src.dtype}{list(src.shape)} -> {task.dtype}")
+
+
+def _check_operands(op: Einsummable, ins: list, what: str) -> None:
+    for k, (src, shape, dtype) in enumerate(zip(ins, op.input_shapes, op.dtypes, strict=True)):
+        have = (src.out_shape, src.dtype) if isinstance(src, Einsummable) else (src.shape, src.dtype)
+        if have != (shape, dtype):
+            raise PlanError(f"{what}operand {k} is {have[1]}{list(have[0])}, op wants {dtype}{list(shape)}")
 
 
 def _check_box(box: Box, shape: Shape, what: str) -> None:

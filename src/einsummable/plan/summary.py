@@ -25,47 +25,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from einsummable.hardware import cost
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import itemsize
-from einsummable.ir.einsummable import IDENTITY, Einsummable
-from einsummable.ir.expr import Input
 from einsummable.ir.graph import EinGraph, EinsumNode, Formation, Node, Select
-from einsummable.ir.scalar_ops import is_call
 from einsummable.plan.memory import Memory
-
-
-def _gather(op: Einsummable) -> tuple[int, int] | None:
-    """``sum where(xa == xb, xc, 0)`` (an embedding lookup or its gradient): the compared inputs."""
-    e = op.join
-    if op.agg != "add" or len(op.inputs) != 3 or not is_call(e, "where") or not is_call(e.args[0], "eq"):
-        return None
-    a, b = e.args[0].args
-    if not (isinstance(a, Input) and isinstance(b, Input) and isinstance(e.args[1], Input)):
-        return None
-    return a.index, b.index
-
-
-def op_seconds(op: Einsummable, cluster: Cluster) -> float:
-    """One core's kernel time for ``op``, as engines/simulate.py charges it (plan cannot
-    import engines): GEMMs at the GEMM rate, a gather by its comparisons, other joins
-    at the elementwise rate, a pure view nothing; plus the output written."""
-    if op.join == IDENTITY and len(op.inputs) == 1 and op.agg is None:
-        return 0.0
-    write = math.prod(op.out_shape) * itemsize(op.dtype) / cluster.copy_bandwidth
-    if op.is_contraction():
-        return op.flops() / cluster.flops_per_core + write
-    gather = _gather(op)
-    if gather is not None:
-        matched = set(op.inputs[gather[0]]) | set(op.inputs[gather[1]])
-        compares = math.prod(op.join_shape[i] for i in matched)
-        return (compares + math.prod(op.out_shape)) / cluster.elementwise_flops_per_core + write
-    return op.passes(cluster.elementwise_node_cost) / cluster.elementwise_flops_per_core + write
 
 
 def node_seconds(node: Node, cluster: Cluster) -> float:
     """One core's kernel time for the whole node, without the per-task overhead."""
     if isinstance(node, EinsumNode):
-        return op_seconds(node.op, cluster)
+        return cost.seconds(node.op, cluster)
     if isinstance(node, Select):
         return math.prod(node.shape) * itemsize(node.dtype) / cluster.copy_bandwidth
     return 0.0
