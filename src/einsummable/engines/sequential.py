@@ -8,9 +8,13 @@ engines must agree with: same tasks, same kernels, no scheduling.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import numpy as np
 
 from einsummable.engines import reference_kernel, scheduler
+from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import assemble
 from einsummable.ir.box import slices
 from einsummable.ir.dtypes import to_numpy
@@ -82,13 +86,25 @@ EXEC = {
 }
 
 
-def run(tg: TaskGraph, feeds: dict[str, np.ndarray], variables: dict[str, float] | None = None
-        ) -> dict[str, np.ndarray]:
-    """Execute every task in order and assemble the outputs from their blocks."""
+def run(tg: TaskGraph, feeds: dict[str, np.ndarray], variables: dict[str, float] | None = None,
+        trace: str | Path | None = None) -> dict[str, np.ndarray]:
+    """Execute every task in order and assemble the outputs from their blocks. ``trace``: write
+    each task's measured start and end there, as the local engine does (engines/trace.py)."""
     tasks, variables = tg.tasks, variables or {}
+    times = np.zeros((len(tasks), 2))
+    origin = time.perf_counter()
+
+    def step(t: int, args: list) -> np.ndarray:
+        times[t, 0] = time.perf_counter()
+        out = EXEC[type(tasks[t])](tasks[t], args, feeds, variables)
+        times[t, 1] = time.perf_counter()
+        return out
+
     values = scheduler.run_in_order(
-        [t.inputs for t in tasks], lambda t, args: EXEC[type(tasks[t])](tasks[t], args, feeds, variables),
-        keep={t for out in tg.outputs.values() for t, _ in out.blocks},
+        [t.inputs for t in tasks], step, keep={t for out in tg.outputs.values() for t, _ in out.blocks},
         describe=lambda t: tasks[t].describe(),
     )
+    if trace is not None:
+        events, lanes = timeline.task_events(tg, times - origin, measured=True)
+        timeline.write(events, trace, lanes, f"measured, in order: {len(tasks):,} tasks")
     return {name: assemble(out, values) for name, out in tg.outputs.items()}

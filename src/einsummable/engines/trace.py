@@ -94,7 +94,7 @@ def write_gantt(events: Sequence[Event], path: str | Path, title: str = "timelin
 
 
 KIND = {"InputTask": "input", "ConstantTask": "constant", "ApplyTask": "apply", "MoveTask": "move",
-        "PartialTask": "partial", "ViewTask": "view"}
+        "PartialTask": "partial", "ViewTask": "view", "FusedTask": "fused"}
 
 
 def task_events(tg: TaskGraph, times: np.ndarray,
