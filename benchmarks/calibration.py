@@ -75,8 +75,10 @@ import numpy as np
 
 import einsummable as es
 from einsummable import workloads
+from einsummable.cli_plan import training_graph
 from einsummable.hardware.calibrate import ray_driver, ray_link
 from einsummable.ir.graph import EinGraph, InputNode
+from einsummable.models.llama import PRESETS, LlamaConfig
 
 
 def suite(scale: float) -> dict[str, EinGraph]:
@@ -94,12 +96,26 @@ def suite(scale: float) -> dict[str, EinGraph]:
     }
 
 
-def feeds_for(g) -> dict[str, np.ndarray]:
+LLAMA_23M = LlamaConfig(vocab_size=256, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                        num_attention_heads=8, num_key_value_heads=4)  # benchmarks/llama.py's model
+
+
+def llama_steps(scale: float) -> dict[str, EinGraph]:
+    """Training steps (forward, backward, AdamW) with the local engine's fusions: the demo's
+    model at the demo's batch (16 x 64), and benchmarks/llama.py's 23.5M model (8 x 256)."""
+    seq = max(16, int(256 * scale) // 16 * 16)
+    return {"llama demo step": training_graph(PRESETS["demo"], 16, 64).ir,
+            "llama 23.5M step": training_graph(LLAMA_23M, 8, seq).ir}
+
+
+def feeds_for(g: EinGraph) -> dict[str, object]:
+    """Normal f32 inputs, token ids below 256 (the byte vocabulary), 1e-3 for run-time variables."""
     rng = np.random.default_rng(0)
-    out = {}
+    out: dict[str, object] = dict.fromkeys(g.variables(), 1e-3)
     for node in g.nodes:
         if isinstance(node, InputNode):
-            out[node.name] = rng.standard_normal(node.shape, dtype=np.float32)
+            out[node.name] = (rng.integers(0, 256, node.shape) if node.dtype == "i64"
+                              else rng.standard_normal(node.shape, dtype=np.float32) * 0.02)
     return out
 
 
@@ -166,9 +182,12 @@ def main() -> None:
                     help="the least of the repeats, not the median: the least disturbed run on a shared box")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the workload sizes")
     ap.add_argument("--out", default=".", help="where the calibrated cluster JSON files go")
+    ap.add_argument("--only", nargs="+", help="run only these workloads (names as printed)")
     args = ap.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    graphs = suite(args.scale)
+    graphs = suite(args.scale) | llama_steps(args.scale)
+    if args.only:
+        graphs = {name: g for name, g in graphs.items() if name in args.only}
     ray_cluster = _ray_nodes() if "ray" in args.engines else None
     rows = []
     try:
