@@ -1,7 +1,7 @@
 """Issue 31, item 4, "the estimate is what runs": peak memory per machine, planned, simulated, run.
 
 For each workload and cluster, three figures:
-- estimate: ``plan.summary.peak`` of ``make_plan`` on the graph as written (plan/memory.py),
+- estimate: ``plan.summary.peak`` of ``make_plan`` on the graph as written (plan/predict/memory.py),
   the busiest machine's, with its parts at that moment (inputs, outputs, activations,
   transient copies);
 - simulated: the largest per-machine peak of the simulator's replay of ``lower(plan)``

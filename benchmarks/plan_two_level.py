@@ -8,7 +8,7 @@
    planner's plan fits.
 3. Predicted against simulated: a smaller Llama is planned, lowered to its
    TaskGraph and replayed core by core by the simulator (engines/simulate.py); the
-   planner's predicted step time (plan/overlap.py: the plan replayed node by node,
+   planner's predicted step time (plan/predict/overlap.py: the plan replayed node by node,
    transfers overlapping compute, bytes across as the lowering moves them) is set
    beside the simulated makespan; the ratio is predicted / simulated.
 

@@ -7,10 +7,10 @@ import einsummable as es
 from einsummable.engines import reference
 from einsummable.ir.eager import eager
 from einsummable.ir.graph import InputNode
-from einsummable.plan.memory import loss_of
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import build
 from einsummable.plan.planners import make_plan
+from einsummable.plan.predict.memory import loss_of
 from einsummable.plan.space import spaces
 from graphgen import deep_mlp_momentum
 

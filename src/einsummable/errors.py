@@ -43,7 +43,7 @@ class PlanError(EinsummableError):
 
 class PlanMemoryError(PlanError):
     """No plan found fits ``memory_per_machine``; ``memory`` is the smallest peak found
-    (a plan.memory.Memory, with its breakdown), so a caller can try rematerialisation."""
+    (a plan.predict.memory.Memory, with its breakdown), so a caller can try rematerialisation."""
 
     def __init__(self, message: str, memory: object = None) -> None:
         super().__init__(message)

@@ -1,7 +1,7 @@
 """Prefetch (lower/prefetch.py, issue 31): in the program's order a copy of resident state
 (an FSDP-gathered weight) is made a bounded window ahead of its reader and made again for
 a reader far after, so the gathered weights of every layer are not held at once. Checked
-against the estimate (plan/memory.py), the simulator and the reference engine."""
+against the estimate (plan/predict/memory.py), the simulator and the reference engine."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """State a session run replaces is given up to it (compile.Session, engines/donation.py): each
 block is freed after its last reader, so a training step's old weights and moments are not
-held beside the new ones to its end. The planner's estimate (plan/memory.py), the simulator
+held beside the new ones to its end. The planner's estimate (plan/predict/memory.py), the simulator
 (engines/replay.py) and the local engine's traced peak agree on it (issue 31)."""
 
 import tracemalloc

@@ -1,4 +1,4 @@
-"""The expert's arithmetic beside the estimate (plan/memory.py's ``Expert``, issue 31 item 5):
+"""The expert's arithmetic beside the estimate (plan/predict/memory.py's ``Expert``, issue 31 item 5):
 state, saved activations and one node's working set of the plan's busiest machine, as one
 adds up FSDP with checkpointing by hand; the report prints it under the peak."""
 

@@ -32,7 +32,7 @@ def _load_benchmark(name: str):
 memory_estimate = _load_benchmark("memory_estimate")
 
 # Excluded: attention on 2 x 2 (measured/estimate about 0.75, simulated/estimate 0.79). Its
-# machines hold unequal shares (simulated 15.0 and 9.5 MiB), while plan/memory.py assumes every
+# machines hold unequal shares (simulated 15.0 and 9.5 MiB), while plan/predict/memory.py assumes every
 # machine holds an equal one: the estimate is the busiest machine's, times 2 here.
 CASES = [case for case in memory_estimate.CASES if case != ("attention", 2, 2)]
 

@@ -3,7 +3,7 @@
 The oracle is the simulator: engines/simulate.py replays the lowered core-level
 TaskGraph core by core; engines/simulate_cluster.py replays the machine-level
 graph with NIC contention. The planner never lowers; it predicts from the
-partitions (plan/figures.py, plan/overlap.py), so agreement says its cost model
+partitions (plan/predict/figures.py, plan/predict/overlap.py), so agreement says its cost model
 describes what the lowering and the engines do.
 """
 

@@ -16,10 +16,11 @@ from einsummable.ir.graph import EinsumNode
 from einsummable.lower.lowering import lower
 from einsummable.lower.stats import stats
 from einsummable.lower.taskgraph import InputTask
-from einsummable.plan import figures, memory, twolevel
+from einsummable.plan import twolevel
 from einsummable.plan.cost import CostModel
 from einsummable.plan.plan import build
 from einsummable.plan.planners import PLANNERS, choose, make_plan, partitions
+from einsummable.plan.predict import figures, memory
 from einsummable.plan.space import spaces
 from einsummable.workloads import SUITE, chain_skewed, mlp_train
 from graphgen import check_lowered, random_graph

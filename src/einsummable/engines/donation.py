@@ -66,7 +66,7 @@ class GivenUp(Blocks):
     by the input tasks whose boxes ``reads`` counts; each stored block is let go after the last
     read that overlaps it, so it is freed after its last reader, as any other value is: a
     training step's old weights and moments are not held beside the new ones to the step's end
-    (plan/memory.py counts it so). Counting per tensor instead held every block until the
+    (plan/predict/memory.py counts it so). Counting per tensor instead held every block until the
     tensor's last read: with 4 workers a momentum step held 14 MiB against 12 planned."""
 
     def __init__(self, blocks: Blocks, reads: Mapping[Box, int]) -> None:

@@ -176,7 +176,7 @@ def aliases(g: CompactGraph, readers: np.ndarray,
     in the local engine), so they hold nothing and their readers keep the source alive.
     Input blocks are the feeds, there from the start (``replay`` counts them then) and held
     all step, save those of an input an output of the same name replaces, which a session
-    gives up to the run: freed after their last reader (plan/memory.py); outputs live to the end.
+    gives up to the run: freed after their last reader (plan/predict/memory.py); outputs live to the end.
     An input kept in host storage is loaded by its task and freed after its last reader; the
     output of its name is stored as it is made and holds nothing."""
     held = g.nbytes().tolist()

@@ -1,5 +1,5 @@
 """Which ready work runs first: one rule for the engines, the simulator and the planner's
-memory estimate (plan/memory.py), so that the estimate follows the order that runs.
+memory estimate (plan/predict/memory.py), so that the estimate follows the order that runs.
 
 Two orders; the plan picks one and the TaskGraph carries it (``TaskGraph.order``):
 - ``CRITICAL_PATH``, the default: a task's rank is the costliest chain of work that waits
@@ -19,7 +19,7 @@ In the program's order a free worker starts no task more than ``window`` tasks p
 earliest unfinished one (the engines and the simulator), and a copy of resident state (an
 FSDP-gathered weight) is made at most ``PREFETCH`` nodes ahead of its reader and shared
 only by readers within ``PREFETCH`` nodes of the one before (lower/prefetch.py gates and
-re-makes the copies; plan/memory.py charges them so): a layer's gathered weights live for
+re-makes the copies; plan/predict/memory.py charges them so): a layer's gathered weights live for
 that layer, in the forward and again in the backward, as hand-written FSDP holds them.
 """
 

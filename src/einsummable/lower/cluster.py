@@ -36,7 +36,7 @@ from einsummable.lower.compact import APPLY, CompactGraph
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan
 from einsummable.plan.planners import formations_follow
-from einsummable.plan.summary import partial_seconds
+from einsummable.plan.predict.summary import partial_seconds
 from einsummable.plan.twolevel import TwoLevel, nested, spread
 
 Counts = tuple[int, ...]

@@ -20,7 +20,7 @@ import numpy as np
 from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.arrays import void_rows
 from einsummable.plan.partition import Partition
-from einsummable.plan.traffic import block_indices
+from einsummable.plan.predict.traffic import block_indices
 
 INNER = 1 << 24  # order = request * INNER + the step within the request
 

@@ -20,7 +20,7 @@ for the backward. This pass makes the TaskGraph say the same, for every engine:
 
 Only the program's order gets the pass: there tasks run near their id order, so a gate
 made ``PREFETCH`` nodes earlier is reached shortly before the reader. In the critical
-path's order a gate could run arbitrarily late. plan/memory.py charges copies the same way.
+path's order a gate could run arbitrarily late. plan/predict/memory.py charges copies the same way.
 
     tg = prefetch_taskgraph(tg)      # lowering.py's lower(), in the program's order
     cg = prefetch(cg)                # blockwise.py's lower_blocks(), the same on arrays

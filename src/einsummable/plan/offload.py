@@ -6,7 +6,7 @@ host storage instead of memory, as ZeRO-Offload keeps optimizer state on the hos
 block is loaded just before its readers (its input task, gated ``priority.PREFETCH`` nodes
 ahead like a gathered weight, lower/prefetch.py) and freed after them, and the new value is
 stored block by block as it is made (engines/storage.py). The estimate counts a stored input
-only while a load of it is held (plan/memory.py), the simulator charges its bytes both ways at
+only while a load of it is held (plan/predict/memory.py), the simulator charges its bytes both ways at
 ``Cluster.storage_bandwidth``, and so does the plan's step: ``Summary.storage_seconds``.
 
 Which state: the largest tensors first, as few as bring the plan under the budget (the
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from einsummable.errors import PlanMemoryError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, InputNode
-from einsummable.plan.memory import Memory, gib
+from einsummable.plan.predict.memory import Memory, gib
 from einsummable.plan.space import nbytes
 
 

@@ -26,9 +26,16 @@ import numpy as np
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
 from einsummable.plan.partition import Partition
+from einsummable.plan.predict.summary import node_seconds
+from einsummable.plan.predict.traffic import (
+    EdgeCost,
+    Holders,
+    block_indices,
+    edge_cost,
+    flops_per_block,
+    holders,
+)
 from einsummable.plan.space import Space
-from einsummable.plan.summary import node_seconds
-from einsummable.plan.traffic import EdgeCost, Holders, block_indices, edge_cost, flops_per_block, holders
 
 ROUNDS = 4
 LEAN = 0.1  # the preference for a block's own worker, in units of the block's flop time

@@ -17,12 +17,12 @@ from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir import priority
 from einsummable.ir.graph import EinGraph, Formation
-from einsummable.plan.memory import formed_in_place, gathered, holds_nothing, peak
 from einsummable.plan.partition import Partition
 from einsummable.plan.placement import place
+from einsummable.plan.predict.memory import formed_in_place, gathered, holds_nothing, peak
+from einsummable.plan.predict.summary import Summary, critical_path, partial_seconds
+from einsummable.plan.predict.traffic import block_indices
 from einsummable.plan.space import Space, nbytes, spaces
-from einsummable.plan.summary import Summary, critical_path, partial_seconds
-from einsummable.plan.traffic import block_indices
 
 if TYPE_CHECKING:
     from einsummable.plan.offload import Offload

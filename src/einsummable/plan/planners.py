@@ -24,13 +24,14 @@ from einsummable.hardware.cluster import Cluster
 from einsummable.ir import priority
 from einsummable.ir.eager import eager
 from einsummable.ir.graph import EinGraph, Formation
-from einsummable.plan import baselines, eindecomp, figures, offload, remat, twolevel
+from einsummable.plan import baselines, eindecomp, offload, remat, twolevel
 from einsummable.plan.cost import CostModel
-from einsummable.plan.memory import estimate, gib
 from einsummable.plan.partition import Partition
 from einsummable.plan.plan import Plan, build, check_plan
+from einsummable.plan.predict import figures
+from einsummable.plan.predict.memory import estimate, gib
+from einsummable.plan.predict.summary import Summary
 from einsummable.plan.space import Space, spaces
-from einsummable.plan.summary import Summary
 
 Counts = tuple[int, ...]
 # progress(done, total, name): ``done`` of ``total`` planners are planned and ``name`` is

@@ -29,7 +29,7 @@ from einsummable.errors import PlanMemoryError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph
 from einsummable.ir.remat import checkpoints, gates, rematerialize
-from einsummable.plan.memory import Memory, gib, loss_of
+from einsummable.plan.predict.memory import Memory, gib, loss_of
 from einsummable.plan.space import spaces
 
 

@@ -166,7 +166,7 @@ def seconds(x: float) -> str:
 
 
 def _memory(m) -> str:
-    """A peak and its parts (plan/memory.py's Memory), in the report's binary units."""
+    """A peak and its parts (plan/predict/memory.py's Memory), in the report's binary units."""
     return (f"{human(m.peak)} = inputs {human(m.inputs)} + outputs {human(m.outputs)} + activations "
             f"{human(m.activations)} + transient {human(m.transient)} (at node %{m.at})")
 

@@ -47,10 +47,10 @@ from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Formation, InputNode
 from einsummable.plan import baselines, eindecomp
 from einsummable.plan.cost import CostModel, op_targets
-from einsummable.plan.memory import Memory, estimate, gib, holds_nothing, lifetimes
 from einsummable.plan.partition import Partition, split
+from einsummable.plan.predict.memory import Memory, estimate, gib, holds_nothing, lifetimes
+from einsummable.plan.predict.traffic import block_indices
 from einsummable.plan.space import Space, nbytes
-from einsummable.plan.traffic import block_indices
 
 Counts = tuple[int, ...]
 PENALTIES = (0.0, *(16.0**k for k in range(7)))

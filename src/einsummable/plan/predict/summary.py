@@ -9,7 +9,7 @@ Predicted step time = compute + network:
   ``bandwidth_across`` (full duplex). Moves inside a machine hold no core and no
   link (the simulator's rule), so they do not count.
 That sum is the step of a one-machine plan (no NIC). A two-level plan's step is the
-node-by-node replay of plan/overlap.py instead (``overlapped_seconds``), where moves
+node-by-node replay of plan/predict/overlap.py instead (``overlapped_seconds``), where moves
 across machines overlap compute as the engines overlap them. Kernel seconds include
 the partial sums' and repartitions' memory work (``partial_seconds``).
 
@@ -29,7 +29,7 @@ from einsummable.hardware import cost
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.graph import EinGraph, EinsumNode, Formation, Node, Select
-from einsummable.plan.memory import Memory
+from einsummable.plan.predict.memory import Memory
 
 
 def node_seconds(node: Node, cluster: Cluster) -> float:
@@ -136,7 +136,7 @@ class Summary:
     network_seconds: float = 0.0
     memory: Memory | None = None  # the busiest machine's peak
     capacity: float = math.inf  # memory per machine
-    # the step with transfers overlapping compute (plan/overlap.py), where the planner replayed it
+    # the step with transfers overlapping compute (plan/predict/overlap.py), where the planner replayed it
     overlapped_seconds: float | None = None
     storage_seconds: float = 0.0  # loads and stores of state kept in host storage (plan/offload.py)
 

@@ -23,11 +23,11 @@ import numpy as np
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
 from einsummable.plan.cost import CostModel
-from einsummable.plan.memory import Memory
-from einsummable.plan.overlap import Transfer, step_seconds
+from einsummable.plan.predict.memory import Memory
+from einsummable.plan.predict.overlap import Transfer, step_seconds
+from einsummable.plan.predict.summary import Summary, critical_path, node_seconds, partial_seconds
+from einsummable.plan.predict.traffic import edge_cost, holders
 from einsummable.plan.space import Space
-from einsummable.plan.summary import Summary, critical_path, node_seconds, partial_seconds
-from einsummable.plan.traffic import edge_cost, holders
 from einsummable.plan.twolevel import TwoLevel, nested, rotations, spread
 
 
