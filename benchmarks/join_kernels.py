@@ -2,7 +2,7 @@
 
 Each pattern is the einsummables the graph holds for it, run on one block as the
 local engine runs them: each op's ``kernels.prepare`` kernel, except that a row reduction
-read by one elementwise step alone runs with it as one fused step (engines/rowfuse.py:
+read by one elementwise step alone runs with it as one fused step (engines/kernels/rowfuse.py:
 softmax backward, softmax's and rmsnorm's last two steps, rmsnorm backward's dx). The
 numpy path is the same ops prepared with ``EINSUMMABLE_KERNELS=numpy``, unfused.
 Each block is fed where the engine would hold it, on a cache line (``_as_block``).
@@ -31,7 +31,9 @@ import torch
 from threadpoolctl import threadpool_limits
 
 from common import machine
-from einsummable.engines import aligned, cbuild, kernels, local, native, rowfuse
+from einsummable.engines import local
+from einsummable.engines.kernels import aligned, cbuild, native, rowfuse
+from einsummable.engines.kernels import fast as kernels
 from einsummable.ir.einsummable import Einsummable
 
 F32 = np.float32
@@ -128,7 +130,7 @@ def numpy_path(o: Einsummable):
 def runner(steps, feeds, prepare, fuse: bool = False):
     """The steps in order, each prepared once. With ``fuse``, a row reduction whose result one
     elementwise step alone reads runs with it as the local engine runs that pair: one fused
-    step (engines/rowfuse.py), which never makes the reduction's block."""
+    step (engines/kernels/rowfuse.py), which never makes the reduction's block."""
     fused = _row_pairs(steps) if fuse else {}
     skipped = {r for r, _ in fused.values()}
     prepared = []
@@ -201,7 +203,7 @@ def main() -> None:
 
 def _as_block(a: np.ndarray) -> np.ndarray:
     """``a`` where the engine keeps such a block: a GEMM's or a compiled join's output starts on
-    a cache line (engines/aligned.py); numpy's arrays start 16 bytes into one. The numpy path
+    a cache line (engines/kernels/aligned.py); numpy's arrays start 16 bytes into one. The numpy path
     and the compiled kernels read the same copies."""
     if a.ndim == 0:
         return a

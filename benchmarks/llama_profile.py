@@ -22,19 +22,26 @@ import types
 import numpy as np
 
 from common import add_llama_arguments, machine
-from einsummable.engines import cbuild, epilogue, gemm, kernels, local, native, rowfuse
+from einsummable.engines import local
+from einsummable.engines.kernels import cbuild, gemm, native
+from einsummable.engines.kernels import fast as kernels
+from einsummable.ir import kinds
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.expr import variables_used
-from einsummable.lower.taskgraph import ApplyTask, PartialTask
+from einsummable.lower import fusion
+from einsummable.lower.taskgraph import ApplyTask, FusedTask, PartialTask
 from einsummable.train.trainer import TrainConfig, Trainer
 from llama_block import hf_model
 
 
 def kind(task) -> str:
-    """The task's op class: GEMM, elementwise join or reduction (compiled C or numpy), moves."""
+    """The task's op class: GEMM, elementwise join or reduction (compiled C or numpy), a fused
+    pair (lower/fusion.py), moves."""
+    if isinstance(task, FusedTask):
+        return "GEMM (BLAS) + epilogue join" if kinds.is_gemm(task.first) else "row reduction + join"
     if isinstance(task, ApplyTask):
         op = task.op
-        if op.is_contraction() and kernels._inner_size(op) > kernels.TINY_INNER:
+        if op.is_contraction() and kinds.inner_size(op) > kinds.TINY_INNER:
             return "GEMM (BLAS)"
         body = kernels.prepare(op)
         compiled = any(isinstance(c.cell_contents, native._Compiled) for c in _cells(body))
@@ -62,10 +69,10 @@ def main() -> None:
     parser.add_argument("--per-op", action="store_true",
                         help="each compiled join of the step against its numpy kernel, on its own")
     parser.add_argument("--ab-rows", action="store_true",
-                        help="with row reductions fused into their readers (engines/rowfuse.py) against "
+                        help="with row reductions fused into their readers (lower/fusion.py) against "
                              "without, alternating")
     parser.add_argument("--ab-epilogue", action="store_true",
-                        help="with GEMM epilogues against without (engines/epilogue.py), alternating")
+                        help="with GEMM epilogues against without (lower/fusion.py), alternating")
     parser.add_argument("--top", type=int, default=0, help="list the costliest non-GEMM block ops")
     parser.add_argument("--gemms", action="store_true",
                         help="each GEMM block op of the step on its own, on one BLAS thread: its GF/s")
@@ -78,7 +85,7 @@ def main() -> None:
     if args.ab:
         return ab(cfg, params, tcfg, data, args)
     if args.ab_epilogue or args.ab_rows:
-        return ab_fusion(cfg, params, tcfg, data, args, rowfuse if args.ab_rows else epilogue)
+        return ab_fusion(cfg, params, tcfg, data, args, rows=args.ab_rows)
     if args.per_op:
         return per_op(cfg, params, tcfg, data, args)
     if args.gemms:
@@ -90,11 +97,7 @@ def main() -> None:
 
     def timed_init(self, tg):
         original(self, tg)
-        kinds = [kind(t) for t in tg.tasks]
-        for j in getattr(self, "fused", {}):  # a join's task that runs its GEMM first (engines/epilogue.py)
-            kinds[j] = "GEMM (BLAS) + epilogue join"
-        for j in getattr(self, "rows", {}):  # a join's task that runs its row reduction (engines/rowfuse.py)
-            kinds[j] = "row reduction + join, compiled C"
+        names = [kind(t) for t in tg.tasks]
 
         def wrap(step, k, what):
             def run(*a):
@@ -107,7 +110,7 @@ def main() -> None:
             return run
 
         self.steps = [wrap(s, k, f"{k}: {t.op if isinstance(t, ApplyTask) else type(t).__name__} {t.shape}")
-                      for s, k, t in zip(self.steps, kinds, tg.tasks, strict=True)]
+                      for s, k, t in zip(self.steps, names, tg.tasks, strict=True)]
 
     local.LocalProgram.__init__ = timed_init
     trainer = Trainer(cfg, params, tcfg, data, workers=args.workers)
@@ -196,20 +199,26 @@ def ab(cfg, params, tcfg, data, args) -> None:
           f"numpy {med['numpy']:.3f} s, numpy/compiled = {med['numpy'] / med['compiled']:.2f}")
 
 
-def ab_fusion(cfg, params, tcfg, data, args, fusion) -> None:
-    """Median step time with ``fusion``'s pairs (GEMM epilogues, engines/epilogue.py, or row
-    reductions, engines/rowfuse.py) fused into one task and without, stepped in alternation."""
-    pairs = fusion.pairs
-    variants = {"fused": pairs, "apart": lambda tasks, keep: {}}
+def ab_fusion(cfg, params, tcfg, data, args, rows: bool) -> None:
+    """Median step time with one rule of lower/fusion.py (``rows``: row reductions and their joins,
+    else GEMM epilogues) and without it, stepped in alternation."""
+    pairs = fusion._pairs
+
+    def without(tasks, kept, readers):
+        found = pairs(tasks, kept, readers)
+        return {j: gk for j, gk in found.items() if kinds.is_gemm(tasks[gk[0]].op) == rows}
+
     trainers = {}
     try:
-        for name, variant in variants.items():
-            fusion.pairs = variant
+        for name, variant in {"fused": pairs, "apart": without}.items():
+            fusion._pairs = variant
             trainers[name] = Trainer(cfg, params, tcfg, data, workers=args.workers)
     finally:
-        fusion.pairs = pairs
+        fusion._pairs = pairs
     for name, t in trainers.items():
-        print(f"{name}: {len(t.program.executor.fused)} epilogues, {len(t.program.executor.rows)} row pairs")
+        fused = [kind(task) for task in t.program.taskgraph.tasks if isinstance(task, FusedTask)]
+        print(f"{name}: {fused.count('GEMM (BLAS) + epilogue join')} epilogues, "
+              f"{fused.count('row reduction + join')} row pairs")
         t.train_step()  # warm-up
     times: dict[str, list[float]] = {m: [] for m in trainers}
     cpu: dict[str, list[float]] = {m: [] for m in trainers}  # CPU seconds: less of the others' load

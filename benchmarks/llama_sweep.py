@@ -128,7 +128,7 @@ def measure(hidden: int, args) -> dict:
 
 def kernels(torch_step) -> list[str]:
     """The BLAS both sides run: numpy's library, which einsummable's contractions call (``np.matmul``,
-    engines/gemm.py), and the MKL and oneDNN routines torch's ``torch_step`` calls, from their
+    engines/kernels/gemm.py), and the MKL and oneDNN routines torch's ``torch_step`` calls, from their
     verbose logs (written to file descriptor 1, read back here)."""
     import torch
 

@@ -5,7 +5,7 @@ For each workload and cluster, three figures:
   the busiest machine's, with its parts at that moment (inputs, outputs, activations,
   transient copies);
 - simulated: the largest per-machine peak of the simulator's replay of ``lower(plan)``
-  (engines/simulate.py);
+  (engines/simulator/simulate.py);
 - measured: the local engine's tracemalloc peak, the largest of ``--repeats`` session runs
   after a warm-up run (which builds the kernels' one-time state), traced from the session's
   copy of every input on (data too: the estimate counts them), only the loss fetched.
@@ -33,7 +33,7 @@ import numpy as np
 
 import einsummable as es
 from common import machine
-from einsummable.engines import simulate
+from einsummable.engines.simulator import simulate
 from einsummable.ir.graph import EinGraph
 from einsummable.lower.lowering import lower
 from einsummable.models.llama import model as llama

@@ -7,7 +7,7 @@
 2. The same model with 64 GiB per machine: the fewest machines at which each
    planner's plan fits.
 3. Predicted against simulated: a smaller Llama is planned, lowered to its
-   TaskGraph and replayed core by core by the simulator (engines/simulate.py); the
+   TaskGraph and replayed core by core by the simulator (engines/simulator/simulate.py); the
    planner's predicted step time (plan/predict/overlap.py: the plan replayed node by node,
    transfers overlapping compute, bytes across as the lowering moves them) is set
    beside the simulated makespan; the ratio is predicted / simulated.
@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 
 from einsummable.cli_plan import training_graph
-from einsummable.engines import simulate
+from einsummable.engines.simulator import simulate
 from einsummable.errors import PlanError
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.lowering import lower

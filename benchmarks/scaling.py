@@ -5,9 +5,9 @@ batch 1 × seq 2048), machine count and planner (EinDecomp and every baseline of
 plan/baselines.py) it plans without the memory bound (a plan that does not fit is
 shown, flagged), then simulates one step task by task:
 - ``cluster``: the machine-level TaskGraph (lower/cluster.py) replayed with NIC
-  contention, each machine's cores in aggregate (engines/simulate_cluster.py);
+  contention, each machine's cores in aggregate (engines/simulator/cluster.py);
 - ``core``: where the core-level TaskGraph has at most ``--exact`` blocks, it is
-  lowered whole and replayed core by core (engines/simulate.py), the exact model.
+  lowered whole and replayed core by core (engines/simulator/simulate.py), the exact model.
 Each row gives the simulated step, the planner's predicted step and their ratio
 (predicted / simulated), the speed-up and efficiency against the same planner on
 one machine (simulated), the busiest NIC's bytes, the simulated peak memory per
@@ -40,7 +40,8 @@ from pathlib import Path
 
 import einsummable as es
 from einsummable.cli_plan import inference_graph, training_graph
-from einsummable.engines import simulate, simulate_cluster
+from einsummable.engines.simulator import cluster as simulate_cluster
+from einsummable.engines.simulator import simulate
 from einsummable.ir.graph import EinGraph
 from einsummable.lower.cluster import cluster_graph
 from einsummable.lower.lowering import lower

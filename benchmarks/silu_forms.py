@@ -14,7 +14,8 @@ import time
 import numpy as np
 
 from common import machine
-from einsummable.engines import kernels, local
+from einsummable.engines import local
+from einsummable.engines.kernels import fast as kernels
 from join_kernels import _as_block, numpy_path, op
 
 

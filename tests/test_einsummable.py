@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from einsummable.engines import kernels, reference_kernel
+from einsummable.engines.kernels import fast as kernels
+from einsummable.engines.kernels import reference as reference_kernel
 from einsummable.errors import ExprError, ShapeError, SpecError
 from einsummable.ir import scalar
 from einsummable.ir.einsummable import Einsummable

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines import interpret
+from einsummable.engines.kernels import interpret
 from einsummable.errors import DtypeError, ExprError, FeedError, GraphError, ShapeError
 from einsummable.ir import scalar, syntax
 from einsummable.ir.expr import Input, call, depth

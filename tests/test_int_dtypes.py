@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import einsummable as es
-from einsummable.engines import cbuild, ccodegen, kernels, native
+from einsummable.engines.kernels import cbuild, ccodegen, native
+from einsummable.engines.kernels import fast as kernels
 from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.lowering import lower
 from einsummable.lower.stats import stats

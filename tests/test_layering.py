@@ -40,11 +40,11 @@ TOP = {"einsummable", "__main__", "compile", "cli", "cli_args", "cli_plan", "mod
 LAZY = {
     ("einsummable.hardware.cluster", "einsummable.engines.ray_nodes"):
         "Cluster.from_ray reuses the Ray engine's node discovery; Ray stays an optional extra",
-    ("einsummable.hardware.calibrate", "einsummable.engines.cbuild"):
+    ("einsummable.hardware.calibrate", "einsummable.engines.kernels.cbuild"):
         "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
-    ("einsummable.hardware.calibrate", "einsummable.engines.kernels"):
+    ("einsummable.hardware.calibrate", "einsummable.engines.kernels.fast"):
         "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
-    ("einsummable.hardware.calibrate", "einsummable.engines.native"):
+    ("einsummable.hardware.calibrate", "einsummable.engines.kernels.native"):
         "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
     ("einsummable.hardware.calibrate", "einsummable.engines.ray_nodes"):
         "calibrate.ray_link measures machines 0 and 1 as the Ray engine orders its nodes",

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from einsummable.engines.interpret import compile_expr
+from einsummable.engines.kernels.interpret import compile_expr
 from einsummable.errors import DtypeError, ExprError
 from einsummable.ir import scalar
 from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, call

@@ -115,7 +115,7 @@ def test_the_oracles_name_the_node_or_task_that_failed(engine, monkeypatch):
     import numpy as np
 
     import einsummable as es
-    from einsummable.engines import reference_kernel
+    from einsummable.engines.kernels import reference as reference_kernel
 
     def broken(op, arrays, variables=None):
         raise FloatingPointError("boom")
@@ -189,7 +189,7 @@ def test_ctrl_c_during_a_compiled_program_leaves_no_worker_running(monkeypatch):
     import numpy as np
 
     import einsummable as es
-    from einsummable.engines import kernels
+    from einsummable.engines.kernels import fast as kernels
 
     kernel, calls, interrupted = 0.02, [], []
     main = threading.main_thread().ident

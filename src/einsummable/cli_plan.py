@@ -162,8 +162,8 @@ def plan_cluster(args: argparse.Namespace) -> tuple[Cluster, str]:
 
 def cmd_simulate(args: argparse.Namespace) -> None:
     """Plan a Llama step, lower it at the machine level and replay it task by task (issue 17)."""
-    from einsummable.engines import simulate_cluster
     from einsummable.engines import trace as timeline
+    from einsummable.engines.simulator import cluster as simulate_cluster
     from einsummable.errors import PlanError
     from einsummable.lower.cluster import cluster_graph
 

@@ -11,12 +11,12 @@ from typing import Protocol
 import numpy as np
 
 from einsummable.engines import local, reference, sequential, storage
-from einsummable.engines import simulate as simulator
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks
 from einsummable.engines.donation import GivenUp
 from einsummable.engines.feeds import check_feeds, check_inputs
 from einsummable.engines.interop import convert
+from einsummable.engines.simulator import simulate as simulator
 from einsummable.errors import EinsummableError, EngineError, FeedError, PlanError
 from einsummable.frontend.tensor import Graph
 from einsummable.hardware.cluster import Cluster
@@ -361,13 +361,24 @@ def _ray(graph: EinGraph, tg: TaskGraph | None, address: str | None = None,
     return RayProgram(two_level(*machine_shares(plan)) if tg is None else tg, address)
 
 
+def _gpu(graph: EinGraph, tg: TaskGraph | None) -> Executor:
+    """Blocks as torch tensors on a CUDA device (torch's CPU device without one)."""
+    try:  # torch is an optional extra: import it only when asked for
+        from einsummable.engines.gpu import GpuProgram
+    except ModuleNotFoundError as err:
+        if err.name != "torch":
+            raise
+        raise EinsummableError("engine='gpu' needs torch: pip install torch (and triton on Linux)") from err
+    return GpuProgram(tg)
+
+
 def _simulate(graph: EinGraph, tg: TaskGraph | None) -> None:
     """Nothing to run: the program is only predicted (``prog.simulate()``)."""
     return None
 
 
 def simulate(taskgraph: TaskGraph, cluster: Cluster) -> simulator.Simulation:
-    """Predict a TaskGraph's run on a modelled cluster (see engines/simulate.py)."""
+    """Predict a TaskGraph's run on a modelled cluster (see engines/simulator/simulate.py)."""
     return simulator.run(taskgraph, cluster)
 
 
@@ -378,6 +389,7 @@ ENGINES: dict[str, Callable[..., Executor | None]] = {
     "sequential": _sequential,
     "local": _local,
     "ray": _ray,
+    "gpu": _gpu,
     "simulate": _simulate,
 }
 WHOLE = {"reference"}

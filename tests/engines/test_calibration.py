@@ -9,7 +9,7 @@ from threadpoolctl import threadpool_info
 
 import einsummable as es
 from einsummable.engines import local
-from einsummable.engines.simulate import run
+from einsummable.engines.simulator.simulate import run
 from einsummable.hardware import calibrate
 from einsummable.hardware.cluster import INLINE_TASK_OVERHEAD
 from einsummable.ir.einsummable import Einsummable
@@ -145,7 +145,7 @@ def test_the_node_cost_is_checked_kept_in_json_and_one_on_the_numpy_path(tmp_pat
 
 def test_node_cost_measures_a_compiled_joins_nodes_as_less_than_a_pass_each():
     """One loop over the elements, whatever its nodes: each costs well under a ufunc pass."""
-    from einsummable.engines import cbuild
+    from einsummable.engines.kernels import cbuild
 
     if not cbuild.enabled() or cbuild.compiler() is None:
         pytest.skip("compiled kernels off")

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from einsummable.engines import cbuild, native
+from einsummable.engines.kernels import cbuild, native
 from einsummable.ir.einsummable import Einsummable
 
 SCRIPT = textwrap.dedent("""
     import os, warnings, numpy as np
-    from einsummable.engines import kernels, reference_kernel
+    from einsummable.engines.kernels import fast as kernels, reference as reference_kernel
     from einsummable.ir.einsummable import Einsummable
     warnings.simplefilter("always")
     with warnings.catch_warnings(record=True) as caught:
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent("""
         for op, kernel in zip(ops, prepared):
             got = kernel([x], None)
             np.testing.assert_allclose(got, reference_kernel.einsum(op, [x]), rtol=1e-6)
-    from einsummable.engines import cbuild
+    from einsummable.engines.kernels import cbuild
     print("compiled:", len(cbuild._functions))
     print("warnings:", sum("compiled kernels are unavailable" in str(w.message) for w in caught))
 """)

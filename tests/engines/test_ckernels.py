@@ -25,7 +25,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from einsummable.engines import cbuild, kernels, native, reference_kernel
+from einsummable.engines.kernels import cbuild, native
+from einsummable.engines.kernels import fast as kernels
+from einsummable.engines.kernels import reference as reference_kernel
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Const, Expr, Input, Var, call, inputs_used

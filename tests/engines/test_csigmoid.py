@@ -9,7 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from einsummable.engines import cbuild, kernels, native, reference_kernel
+from einsummable.engines.kernels import cbuild, native
+from einsummable.engines.kernels import fast as kernels
+from einsummable.engines.kernels import reference as reference_kernel
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
 

@@ -1,4 +1,4 @@
-"""GEMM epilogues (lower/fusion.py's rule, engines/epilogue.py's step): the join runs in its GEMM's
+"""GEMM epilogues (lower/fusion.py's rule, engines/kernels/epilogue.py's step): the join runs in its GEMM's
 task and computes what the reference engine computes, in place for a sum, with its own kernel for
 other joins."""
 
@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines import epilogue, local
+from einsummable.engines import local
+from einsummable.engines.kernels import epilogue
 from einsummable.ir import kinds
 from einsummable.ir.box import whole
 from einsummable.ir.einsummable import Einsummable

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines import cbuild
+from einsummable.engines.kernels import cbuild
 from einsummable.ir.dtypes import to_numpy
 
 mpmath = pytest.importorskip("mpmath")

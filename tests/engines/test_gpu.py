@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import einsummable as es  # noqa: E402
-from einsummable.engines import gpu, gpu_kernels, reference  # noqa: E402
+from einsummable.engines import gpu, reference  # noqa: E402
 from einsummable.engines.feeds import check_feeds  # noqa: E402
+from einsummable.engines.kernels import triton as gpu_kernels  # noqa: E402
 from einsummable.errors import EngineError  # noqa: E402
 from einsummable.hardware.cluster import Cluster  # noqa: E402
 from einsummable.ir.einsummable import Einsummable  # noqa: E402
@@ -162,7 +163,7 @@ JOINS = [
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 @pytest.mark.parametrize("spec, join, agg", JOINS)
 def test_each_generated_kernel_matches_the_reference_kernel(spec, join, agg, dtype):
-    from einsummable.engines import reference_kernel
+    from einsummable.engines.kernels import reference as reference_kernel
 
     sizes = {"i": 5, "j": 37, "k": 3}
     ins = spec.split("->")[0]

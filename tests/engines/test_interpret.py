@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from einsummable.engines.interpret import KERNELS
+from einsummable.engines.kernels.interpret import KERNELS
 from einsummable.ir.scalar_ops import OPS
 
 

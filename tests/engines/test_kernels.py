@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from einsummable.engines import kernels
+from einsummable.engines.kernels import fast as kernels
 from einsummable.ir.einsummable import Einsummable
 
 
@@ -69,7 +69,7 @@ def test_contractions_in_any_layout_match_numpy(seed):
 @pytest.mark.parametrize("spec", ["ik,kj->ij", "bik,bkj->bij", "ik,kj->ji", "ik,bkj->jbi"])
 def test_a_large_gemm_block_starts_on_a_cache_line(spec):
     """A GEMM's output (transposed or not) is the block the next join streams over: on a
-    64-byte line, each vector load reads one line, not two (engines/aligned.py)."""
+    64-byte line, each vector load reads one line, not two (engines/kernels/aligned.py)."""
     rng = np.random.default_rng(0)
     sizes = {"b": 3, "i": 260, "j": 130, "k": 40}  # outputs >= aligned.ALIGN_FROM
     terms = spec.split("->")[0].split(",")
@@ -139,7 +139,7 @@ def test_row_reductions_and_row_wise_dots_take_the_compiled_kernel(monkeypatch):
     a ufunc's reduce per row and a batched GEMM of 1 x n by n x 1 matrices both measured
     slower (1024 rows of 256: 0.083 ms against 0.035 for the max, 0.026 against 0.022 for
     the dot). Same numbers as numpy's."""
-    from einsummable.engines import cbuild, native
+    from einsummable.engines.kernels import cbuild, native
     if not cbuild.enabled() or cbuild.compiler() is None:
         pytest.skip("compiled kernels off")
     routed = []
@@ -164,7 +164,7 @@ def test_a_blocks_address_is_numpys_for_every_kind_of_array():
     broadcast, empty, 0-d, bool and bf16 blocks."""
     import ml_dtypes
 
-    from einsummable.engines import aligned
+    from einsummable.engines.kernels import aligned
 
     w = np.arange(24, dtype=np.float32).reshape(4, 6)
     arrays = [np.array(3.0, np.float32), np.zeros((0, 3), np.float32), np.broadcast_to(w, (2, 4, 6)),
@@ -204,7 +204,7 @@ def test_a_few_rows_times_a_matrix_stored_by_columns(rows, dtype, monkeypatch):
     """``x @ W.T`` with W stored (out, in), as a decode step's projections: up to FEW_ROWS
     rows it runs as ``(W @ x.T).T`` (2x faster on OpenBLAS's AVX-512 kernels), past them as
     written; either way numpy's product, row-major, and a large f32 block on a cache line."""
-    from einsummable.engines import gemm
+    from einsummable.engines.kernels import gemm
     from einsummable.ir.dtypes import to_numpy
 
     calls = []

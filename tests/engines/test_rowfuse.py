@@ -1,5 +1,5 @@
 """Row reductions fused with their one elementwise reader (lower/fusion.py's rule; the local
-engine's step in engines/rowfuse.py, crows.py).
+engine's step in engines/kernels/rowfuse.py, crows.py).
 
 The fused step against two oracles: the same two ops run apart by the engine's kernels
 (bit for bit: the fused function is their generated code, composed a row at a time), and
@@ -15,7 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import einsummable as es
-from einsummable.engines import cbuild, kernels, local, native, rowfuse
+from einsummable.engines import local
+from einsummable.engines.kernels import cbuild, native, rowfuse
+from einsummable.engines.kernels import fast as kernels
 from einsummable.ir import kinds, scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines.simulate import Simulation, run
+from einsummable.engines.simulator.simulate import Simulation, run
 from einsummable.errors import SimulationError
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.graph import Piece

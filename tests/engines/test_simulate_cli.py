@@ -7,7 +7,7 @@ import pytest
 
 from einsummable.cli import main
 from einsummable.cli_plan import training_graph
-from einsummable.engines import simulate
+from einsummable.engines.simulator import simulate
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.fuse import fuse
 from einsummable.lower.lowering import lower

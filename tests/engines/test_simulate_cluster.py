@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from einsummable.cli_plan import training_graph
-from einsummable.engines import simulate, simulate_cluster
-from einsummable.engines.simulate import KERNEL_SECONDS
+from einsummable.engines.simulator import cluster as simulate_cluster
+from einsummable.engines.simulator import simulate
+from einsummable.engines.simulator.simulate import KERNEL_SECONDS
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.cluster import cluster_graph, machine_plan
 from einsummable.lower.lowering import lower

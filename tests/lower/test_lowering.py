@@ -58,7 +58,7 @@ def test_a_block_assembled_for_readers_is_made_once_per_machine():
     """b is split in 2 columns on workers 0 and 1; the matmul is split in 4 row blocks, each
     of which reads all of b. Worker 0 assembles b; workers 1, 2 and 3 take worker 0's block
     as a view. Before, each of the four built its own copy."""
-    from einsummable.engines import simulate
+    from einsummable.engines.simulator import simulate
 
     g = _matmul()
     parts = _parts((1, 1), (1, 2), (4, 1, 1))

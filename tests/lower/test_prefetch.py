@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines import reference, sequential, simulate
+from einsummable.engines import reference, sequential
+from einsummable.engines.simulator import simulate
 from einsummable.ir import priority
 from einsummable.lower.compact import CompactGraph
 from einsummable.lower.lowering import lower

@@ -1,7 +1,7 @@
 """State a session run replaces is given up to it (compile.Session, engines/donation.py): each
 block is freed after its last reader, so a training step's old weights and moments are not
 held beside the new ones to its end. The planner's estimate (plan/predict/memory.py), the simulator
-(engines/replay.py) and the local engine's traced peak agree on it (issue 31)."""
+(engines/simulator/replay.py) and the local engine's traced peak agree on it (issue 31)."""
 
 import tracemalloc
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines import reference, simulate
+from einsummable.engines import reference
+from einsummable.engines.simulator import simulate
 from einsummable.errors import EngineError
 from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import ApplyTask

@@ -1,10 +1,10 @@
 """The planner's peak memory per machine against the simulator's, which replays the lowered
-TaskGraph task by task as the engines run it (engines/simulate.py)."""
+TaskGraph task by task as the engines run it (engines/simulator/simulate.py)."""
 
 import pytest
 
 import einsummable as es
-from einsummable.engines import simulate
+from einsummable.engines.simulator import simulate
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.lowering import lower
 from einsummable.plan.planners import make_plan

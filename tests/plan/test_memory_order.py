@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines import reference, simulate
+from einsummable.engines import reference
+from einsummable.engines.simulator import simulate
 from einsummable.ir import priority
 from einsummable.lower.lowering import lower
 from einsummable.plan.planners import make_plan

@@ -1,7 +1,7 @@
 """The planner's predicted step time against task-by-task simulation (issue 16: within 25%).
 
-The oracle is the simulator: engines/simulate.py replays the lowered core-level
-TaskGraph core by core; engines/simulate_cluster.py replays the machine-level
+The oracle is the simulator: engines/simulator/simulate.py replays the lowered core-level
+TaskGraph core by core; engines/simulator/cluster.py replays the machine-level
 graph with NIC contention. The planner never lowers; it predicts from the
 partitions (plan/predict/figures.py, plan/predict/overlap.py), so agreement says its cost model
 describes what the lowering and the engines do.
@@ -12,7 +12,8 @@ from dataclasses import replace
 import pytest
 
 from einsummable.cli_plan import inference_graph, training_graph
-from einsummable.engines import simulate, simulate_cluster
+from einsummable.engines.simulator import cluster as simulate_cluster
+from einsummable.engines.simulator import simulate
 from einsummable.hardware.cluster import Cluster
 from einsummable.lower.cluster import cluster_graph
 from einsummable.lower.lowering import lower

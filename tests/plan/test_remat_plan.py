@@ -6,7 +6,8 @@ import pytest
 
 import einsummable as es
 from einsummable import nn
-from einsummable.engines import reference, simulate
+from einsummable.engines import reference
+from einsummable.engines.simulator import simulate
 from einsummable.errors import PlanMemoryError
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.graph import EinsumNode

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from einsummable.engines.blocks import Blocks
-from einsummable.engines.reference_kernel import align, alignment, compiled
+from einsummable.engines.kernels.reference import align, alignment, compiled
 from einsummable.ir.box import Box, intersect
 from einsummable.ir.dtypes import HALF, to_numpy
 from einsummable.ir.einsummable import Einsummable

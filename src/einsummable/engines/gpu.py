@@ -5,7 +5,7 @@ and run-time variables. Output: ``{name: ndarray}`` (``run``) or ``{name: torch.
 the device (``run_tensors``, so a training loop keeps its state there). The device is
 ``"cuda"`` where torch sees one, else torch's CPU device, where the same engine is tested.
 
-Kernels (engines/gpu_kernels.py, chosen once per block op): contractions as ``torch.einsum``
+Kernels (engines/kernels/triton.py, chosen once per block op): contractions as ``torch.einsum``
 (cuBLAS), equality gathers as torch indexing, every other join as a Triton kernel generated
 from its expression tree, or its tree evaluated with torch ops where Triton is off. Triton
 runs on CUDA, and on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``); ``triton=``
@@ -32,8 +32,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from einsummable.engines import gpu_kernels, scheduler
-from einsummable.engines.gpu_kernels import TORCH
+from einsummable.engines import scheduler
+from einsummable.engines.kernels import triton as gpu_kernels
+from einsummable.engines.kernels.triton import TORCH
 from einsummable.errors import EngineError
 from einsummable.ir.box import box_shape, slices, whole
 from einsummable.ir.dtypes import to_numpy

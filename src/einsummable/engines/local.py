@@ -30,18 +30,12 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from einsummable.engines import (
-    donation,
-    epilogue,
-    kernels,
-    native,
-    reference_kernel,
-    rowfuse,
-    scheduler,
-    storage,
-)
+from einsummable.engines import donation, scheduler, storage
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
+from einsummable.engines.kernels import epilogue, native, rowfuse
+from einsummable.engines.kernels import fast as kernels
+from einsummable.engines.kernels import reference as reference_kernel
 from einsummable.errors import EngineError
 from einsummable.ir import kinds, priority
 from einsummable.ir.box import slices, whole

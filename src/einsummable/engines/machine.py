@@ -23,8 +23,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from einsummable.engines import local, native, scheduler
+from einsummable.engines import local, scheduler
 from einsummable.engines.blocks import assemble
+from einsummable.engines.kernels import native
 from einsummable.errors import EngineError
 from einsummable.ir import priority
 from einsummable.ir.box import slices

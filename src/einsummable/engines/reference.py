@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from einsummable.engines import reference_kernel, scheduler
+from einsummable.engines import scheduler
+from einsummable.engines.kernels import reference as reference_kernel
 from einsummable.ir.box import slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.graph import (

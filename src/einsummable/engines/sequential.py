@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from einsummable.engines import reference_kernel, scheduler
+from einsummable.engines import scheduler
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import assemble
+from einsummable.engines.kernels import reference as reference_kernel
 from einsummable.ir.box import slices
 from einsummable.ir.dtypes import to_numpy
 from einsummable.lower.taskgraph import (

@@ -94,11 +94,11 @@ def node_cost(cores: int) -> float:
     """``elementwise_node_cost``: what a join's each node past its first costs, in passes, as the
     engines run joins: 1.0 on the numpy path (a ufunc pass a node); compiled, the median over
     NODE_JOINS of (its time / one node's time - 1) / (its nodes - 1)."""
-    from einsummable.engines import (  # the engines' own kernels, loaded only when asked
+    from einsummable.engines.kernels import (  # the engines' own kernels, loaded only when asked
         cbuild,
-        kernels,
         native,
     )
+    from einsummable.engines.kernels import fast as kernels
     from einsummable.ir.einsummable import Einsummable
 
     if not cbuild.enabled() or cbuild.compiler() is None:

@@ -1,6 +1,6 @@
 """The hardware model: machines × cores, a flop rate, and two levels of bandwidth.
 
-``flops_per_core`` is the GEMM rate; the simulator (engines/simulate.py) also reads
+``flops_per_core`` is the GEMM rate; the simulator (engines/simulator/simulate.py) also reads
 an elementwise rate, a memory-copy rate, link latencies, the per-task overheads
 (``task_overhead`` for a task that runs a kernel, ``view_overhead`` for an input or a
 view) and the memory of a machine, and what a driver in another process pays to feed and

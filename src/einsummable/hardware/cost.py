@@ -1,5 +1,5 @@
 """What a block op's kernel costs on a Cluster, by its kind (ir/kinds.py): the one price the
-planner's figures (plan/predict/summary.py) and the simulator (engines/simulate.py) both charge.
+planner's figures (plan/predict/summary.py) and the simulator (engines/simulator/simulate.py) both charge.
 
 - ``gemm``: its flops at ``flops_per_core`` and its output written at ``copy_bandwidth``, both
   spread over ``blas_threads`` cores (a lone worker's BLAS has them all);

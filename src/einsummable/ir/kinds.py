@@ -1,6 +1,6 @@
 """Kernel kinds: what kind of kernel a block op is, decided once, from the op alone.
 
-Every engine maps a kind to an implementation (engines/kernels.py: BLAS, gathers, generated
+Every engine maps a kind to an implementation (engines/kernels/fast.py: BLAS, gathers, generated
 C or numpy), and the planner and the simulator price a kind through one cost function
 (hardware/cost.py), so the three agree on what each op is. Nothing here depends on whether
 a C compiler exists: that changes how a kind runs, not what it is.

@@ -3,7 +3,7 @@
 Each entry holds everything about one op in one place: arity, how it prints,
 its dtype rule, its partial derivatives (as expressions, so gradients stay in the
 language) and its value on numpy scalars, which constant folding computes. The
-engines' buffer kernels for each op live with their interpreter (engines/interpret.py).
+engines' buffer kernels for each op live with their interpreter (engines/kernels/interpret.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ once per machine (a machine's cores share what it receives).
 
 Each task keeps ``split``: how many core-level blocks its machine cuts it into
 (``prod(cc)`` of its node for an apply; 0 where the task has no node, meaning
-"spread over all the machine's cores"). The simulator (engines/simulate_cluster.py)
+"spread over all the machine's cores"). The simulator (engines/simulator/cluster.py)
 costs a task on its machine from that, with the cores' rates, as the planner's
 two-level cost does, so nobody builds the core-level graph.
 

@@ -17,8 +17,9 @@ import time
 import numpy as np
 import ray
 
-from einsummable.engines import local, native, scheduler
+from einsummable.engines import local, scheduler
 from einsummable.engines.blocks import Blocks
+from einsummable.engines.kernels import native
 from einsummable.engines.machine import MachinePart
 from einsummable.errors import EngineError
 from einsummable.ir import priority

@@ -3,7 +3,7 @@
 Adding the busiest core's seconds to the busiest NIC's (figures.py's two figures)
 assumes nothing overlaps. The engines overlap: a move across machines starts when
 its block is made and holds only the NICs, while the cores run whatever is ready
-(engines/simulate.py and simulate_cluster.py replay exactly that). Replaying
+(engines/simulator/simulate.py and simulate_cluster.py replay exactly that). Replaying
 Llama-7B training at 4 machines × 64 cores the sum was 1.27-1.42 × the simulated
 step for data parallelism and EinDecomp, whose gradient reductions run under
 the backward pass; a plain max would miss the network-bound plans, whose

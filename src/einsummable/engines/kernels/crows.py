@@ -1,4 +1,4 @@
-"""C source for a row reduction and the elementwise join that reads it, fused (engines/rowfuse.py).
+"""C source for a row reduction and the elementwise join that reads it, fused (engines/kernels/rowfuse.py).
 
 One function loops over the kept dims of the reduction R (a row: softmax's, rmsnorm's);
 per row it runs R's reduction into a register, then J's body over the row, which reads
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 
-from einsummable.engines.ccodegen import (
+from einsummable.engines.kernels.ccodegen import (
     COMPUTE,
     IDENTITY,
     STORAGE,
@@ -29,7 +29,7 @@ from einsummable.engines.ccodegen import (
     _streamed,
     loop_order,
 )
-from einsummable.engines.kernels import factored_parts
+from einsummable.engines.kernels.fast import factored_parts
 from einsummable.errors import Unsupported
 from einsummable.ir import kinds, scalar
 from einsummable.ir.einsummable import Einsummable

@@ -48,7 +48,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
-from einsummable.engines.replay import Simulation, replay
+from einsummable.engines.simulator.replay import Simulation, replay
 from einsummable.errors import SimulationError
 from einsummable.hardware import cost
 from einsummable.hardware.cluster import Cluster
@@ -103,7 +103,7 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
         widths: Sequence[int] | None = None, slots: int = 1) -> Simulation:
     """Replay ``tg`` on ``cluster`` (replay.py's loop over its arrays).
 
-    ``durations`` replaces the per-task time rules (engines/simulate_cluster.py
+    ``durations`` replaces the per-task time rules (engines/simulator/cluster.py
     costs a machine's whole block on its cores that way). ``slots``: cores per
     worker, of which a task holds ``widths[t]`` (default 1)."""
     if cluster.workers != tg.workers or cluster.cores != tg.cores:

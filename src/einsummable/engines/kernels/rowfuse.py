@@ -4,7 +4,7 @@
 Softmax backward sums ``y * dy`` per row, then writes ``y * (dy - t)``; rmsnorm sums
 ``h * h / n`` per row, then writes ``h * rsqrt(ms + eps) * w``. Run apart, each block
 (1 MB) is read twice from L3. Fused, R and J run as one generated C function
-(engines/crows.py): per row, R's reduction into a register, then J's body over the row
+(engines/kernels/crows.py): per row, R's reduction into a register, then J's body over the row
 while it is still in L1. Softmax backward on a 1024 x 256 f32 block: 0.056 ms against
 0.078 for the two kernels apart and 0.113 for the numpy path (join_kernels.py; torch
 0.045); the kernel itself runs as fast as torch's, the rest is the call from Python.
@@ -23,8 +23,9 @@ import ctypes
 
 import numpy as np
 
-from einsummable.engines import aligned, cbuild, crows, kernels, native
-from einsummable.engines.reference_kernel import kept_wide
+from einsummable.engines.kernels import aligned, cbuild, crows, native
+from einsummable.engines.kernels import fast as kernels
+from einsummable.engines.kernels.reference import kept_wide
 from einsummable.ir import kinds
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable

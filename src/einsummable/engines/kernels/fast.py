@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from einsummable.engines import cbuild, native
-from einsummable.engines.gemm import contraction
-from einsummable.engines.reference_kernel import REDUCE, accumulator, align, alignment, compiled, kept_wide
+from einsummable.engines.kernels import cbuild, native
+from einsummable.engines.kernels.gemm import contraction
+from einsummable.engines.kernels.reference import REDUCE, accumulator, align, alignment, compiled, kept_wide
 from einsummable.ir import kinds, scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable

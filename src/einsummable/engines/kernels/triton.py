@@ -24,19 +24,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from einsummable.engines.kernels import factored_parts
-from einsummable.engines.reference_kernel import kept_wide
+from einsummable.engines.kernels.fast import factored_parts
+from einsummable.engines.kernels.reference import kept_wide
 from einsummable.errors import Unsupported
 from einsummable.ir import scalar
 from einsummable.ir.dtypes import HALF
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter
 from einsummable.ir.expr import Call, Cast, Expr, Input, inputs_used
+from einsummable.ir.kinds import equality_gather
 from einsummable.ir.scalar_ops import GELU_2C, GELU_A, is_call
-
-try:  # the kernel kinds' new home (ir/kinds.py), or where it lived before
-    from einsummable.ir.kinds import equality_gather
-except ImportError:
-    from einsummable.engines.kernels import equality_gather
 
 TORCH = {"bool": torch.bool, "f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32,
          "f64": torch.float64, "c64": torch.complex64, "i32": torch.int32, "i64": torch.int64}

@@ -2,7 +2,7 @@
 
 Input: a ClusterGraph (lower/cluster.py), one task per machine-level block and
 moves between machines, as arrays (lower/compact.py). The replay is
-engines/simulate.py's, event for event, over those arrays (replay.py), on the
+engines/simulator/simulate.py's, event for event, over those arrays (replay.py), on the
 cluster seen as machines of one worker each: moves hold the sender's NIC out-port and the
 receiver's in-port (full duplex, one transfer at a time each way), blocks are
 live on their machine from their task's start to their last reader's end.
@@ -37,8 +37,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from einsummable.engines.replay import replay, secs
-from einsummable.engines.simulate import KERNEL_SECONDS, Simulation, runs_no_kernel
+from einsummable.engines.simulator.replay import replay, secs
+from einsummable.engines.simulator.simulate import KERNEL_SECONDS, Simulation, runs_no_kernel
 from einsummable.engines.trace import Event
 from einsummable.errors import SimulationError
 from einsummable.hardware.cluster import Cluster

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from einsummable.engines.gemm import upcast
-from einsummable.engines.interpret import WIDE, Compiled
+from einsummable.engines.kernels.gemm import upcast
+from einsummable.engines.kernels.interpret import WIDE, Compiled
 from einsummable.ir.box import Box
 from einsummable.ir.dtypes import HALF, to_numpy
 from einsummable.ir.einsummable import IDENTITY, Einsummable, letter

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from einsummable.engines import aligned
+from einsummable.engines.kernels import aligned
 from einsummable.ir.einsummable import Einsummable
 
 Kernel = Callable[[Sequence[np.ndarray], dict | None], np.ndarray]

@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from einsummable.engines import kernels
-from einsummable.engines.reference_kernel import align
+from einsummable.engines.kernels import fast as kernels
+from einsummable.engines.kernels.reference import align
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Expr, Input
 from einsummable.ir.scalar_ops import is_call

@@ -27,7 +27,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from einsummable.engines.cprelude import VECTOR_MATH
+from einsummable.engines.kernels.cprelude import VECTOR_MATH
 from einsummable.errors import Unsupported
 from einsummable.ir import scalar
 from einsummable.ir.dtypes import INTS

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from einsummable.engines import aligned, cbuild
+from einsummable.engines.kernels import aligned, cbuild
 from einsummable.errors import ExprError, ShapeError
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable

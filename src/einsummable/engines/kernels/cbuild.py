@@ -30,8 +30,8 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from einsummable.engines import ccodegen, cprelude
-from einsummable.engines.ccodegen import Source
+from einsummable.engines.kernels import ccodegen, cprelude
+from einsummable.engines.kernels.ccodegen import Source
 from einsummable.ir.einsummable import Einsummable
 
 __all__ = ["Source", "build", "function", "source"]
