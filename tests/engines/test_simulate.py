@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines.simulator.simulate import Simulation, run
+from einsummable.engines.simulator.simulate import Simulation, run, runs_no_kernel
 from einsummable.errors import SimulationError
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.graph import Piece
@@ -275,3 +275,44 @@ def test_a_joins_nodes_past_its_first_cost_the_clusters_node_cost_of_a_pass(node
     tg = TaskGraph(tuple(tasks), {"y": Output((250,), "f32", ((2, ((0, 250),)),))}, 1, 1)
     assert run(tg, cluster).makespan == pytest.approx(expected)
     assert softmax_sum.passes(1.0) == softmax_sum.flops()
+
+
+def _tiny_chains(machines: int, cores: int, chain: int) -> TaskGraph:
+    """A chain of tiny joins on every worker: dispatch, no work."""
+    box = ((0, 4),)
+    tiny = Einsummable.from_spec("i->i", [(4,)], "x0 * 0.5 + 1")
+    tasks, outputs = [], {}
+    for w in range(machines * cores):
+        tasks.append(InputTask(f"x{w}", box, "f32", w))
+        for _ in range(chain):
+            tasks.append(ApplyTask(tiny, (len(tasks) - 1,), w))
+        outputs[f"y{w}"] = Output((4,), "f32", ((len(tasks) - 1, box),))
+    return TaskGraph(tuple(tasks), outputs, machines * cores, cores)
+
+
+@pytest.mark.parametrize("machines", [1, 2])
+def test_a_machines_cores_take_its_interpreter_in_turn(machines):
+    """64 cores of tiny tasks, 20 us a task on its core of which 10 hold the interpreter: the cores
+    of a machine start their tasks 10 us apart, so a machine runs them at one per 10 us, not 64 per
+    20 us; each machine has its own interpreter, so two machines take no longer than one."""
+    tg = _tiny_chains(machines, 64, 100)
+    quiet = QUIET | {"elementwise_flops_per_core": 1e30, "copy_bandwidth": 1e30}
+    free = es.Cluster(machines=machines, cores=64, **quiet | {"task_overhead": 2e-5, "gil_seconds": 0.0})
+    held = es.Cluster(machines=machines, cores=64, **quiet | {"task_overhead": 2e-5, "gil_seconds": 1e-5})
+    assert run(tg, free).makespan == pytest.approx(100 * 2e-5, rel=0.01)
+    sim = run(tg, held)
+    assert sim.makespan == pytest.approx(64 * 100 * 1e-5, rel=0.01)
+    assert sim.critical_waits > 0  # its path waited for the interpreter, not for data
+    few = es.Cluster(machines=machines, cores=2, **quiet | {"task_overhead": 2e-5, "gil_seconds": 1e-5})
+    assert run(_tiny_chains(machines, 2, 100), few).makespan == pytest.approx(100 * 2e-5, rel=0.01)
+
+
+def test_the_planner_prices_a_machines_dispatch_as_the_simulator_does():
+    """Tasks of 1 ms, all of it holding the interpreter: the plan's compute time and the simulated
+    step are at least the machine's tasks x 1 ms, however many cores it has."""
+    g = mlp_train(batch=256, d=64, hidden=256, out=64)
+    held = es.Cluster(machines=1, cores=64, task_overhead=1e-3, gil_seconds=1e-3)
+    prog = es.compile(g, cluster=held, engine="simulate")
+    tasks = sum(1 for t in prog.taskgraph.tasks if not runs_no_kernel(t) and not isinstance(t, MoveTask))
+    assert prog.plan.summary.compute_seconds >= 1e-3 * tasks * 0.5  # the blocks the planner counts
+    assert prog.simulate().makespan >= 1e-3 * tasks * 0.99

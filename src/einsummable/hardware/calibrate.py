@@ -163,11 +163,14 @@ def rates(cores: int) -> dict[str, float]:
 
 
 def dispatch(cores: int, chain: int = 300) -> dict[str, float]:
-    """The local engine's cost per task on ``cores`` workers: ``task_overhead`` from chains of
-    tiny kernel tasks (a join on 4 elements), ``view_overhead`` from chains of views, one chain
-    per worker, as wall seconds a worker spends per task. One worker runs its tasks inline;
-    several hand them off between threads and share the interpreter, which costs 4-5x more
-    here (5 against 19-27 us a kernel task). Least of a few runs: other programs only add."""
+    """The local engine's cost per task on ``cores`` workers, from chains of tiny kernel tasks (a
+    join on 4 elements) and of views. ``task_overhead``: a worker's seconds per kernel task with
+    the others idle (one worker alone runs its tasks inline: 5 against 15-20 us here);
+    ``gil_seconds``: the run's seconds per task with every worker running a chain, the part of a
+    task's dispatch that holds the interpreter, which the workers of one process take in turn
+    (22 us here at 2 and 4 workers, 29 at 8: a machine's tiny tasks go one at a time, whatever
+    its cores); ``view_overhead``: a worker's seconds per view, all busy. Least of a few runs:
+    other programs only add."""
     from einsummable.engines.local import LocalProgram  # the engine's own loop, loaded only when asked
     from einsummable.ir.einsummable import Einsummable
     from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph, ViewTask
@@ -175,25 +178,31 @@ def dispatch(cores: int, chain: int = 300) -> dict[str, float]:
     box = ((0, 4),)
     tiny = Einsummable.from_spec("i->i", [(4,)], "x0 * 0.5 + 1")
 
-    def per_task(make: Callable[[int, int], object]) -> float:
+    def run_seconds(make: Callable[[int, int], object], busy: int) -> float:
+        """The least wall seconds of a run with a chain on each of the first ``busy`` workers."""
         tasks, outputs = [], {}
-        for w in range(cores):
+        for w in range(busy):
             tasks.append(InputTask(f"x{w}", box, "f32", w))
             for _ in range(chain):
                 tasks.append(make(len(tasks) - 1, w))
             outputs[f"y{w}"] = Output((4,), "f32", ((len(tasks) - 1, box),))
         prog = LocalProgram(TaskGraph(tuple(tasks), outputs, cores, cores))
-        feeds = {f"x{w}": np.ones(4, np.float32) for w in range(cores)}
+        feeds = {f"x{w}": np.ones(4, np.float32) for w in range(busy)}
         prog.run(feeds)
         spans = []
         for _ in range(REPEATS):
             t0 = time.perf_counter()
             prog.run(feeds)
             spans.append(time.perf_counter() - t0)
-        return min(spans) / (chain + 1)
+        return min(spans)
 
-    return {"task_overhead": per_task(lambda i, w: ApplyTask(tiny, (i,), w)),
-            "view_overhead": per_task(lambda i, w: ViewTask((i,), (4,), "f32", w))}
+    def kernel(i: int, w: int) -> ApplyTask:
+        return ApplyTask(tiny, (i,), w)
+
+    alone = run_seconds(kernel, 1) / (chain + 1)
+    return {"task_overhead": alone,
+            "gil_seconds": run_seconds(kernel, cores) / (cores * (chain + 1)) if cores > 1 else alone,
+            "view_overhead": run_seconds(lambda i, w: ViewTask((i,), (4,), "f32", w), cores) / (chain + 1)}
 
 
 def ray_driver(repeats: int = 7) -> dict[str, float]:

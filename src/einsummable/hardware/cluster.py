@@ -2,12 +2,13 @@
 
 ``flops_per_core`` is the GEMM rate; the simulator (engines/simulator/simulate.py) also reads
 an elementwise rate, a memory-copy rate, link latencies, the per-task overheads
-(``task_overhead`` for a task that runs a kernel, ``view_overhead`` for an input or a
-view) and the memory of a machine, and what a driver in another process pays to feed and
-fetch (``driver_latency``, ``driver_bandwidth``: the Ray engine). ``Cluster.measure()``
-fills the rates and overheads in for this machine, ``calibrate.ray_driver()`` the driver's costs and
-``calibrate.ray_link()`` Ray's between machines (with ``overhead_across``, its cost per
-block) (hardware/calibrate.py), and ``to_json``/``from_json`` keep them in a file.
+(``task_overhead`` for a task that runs a kernel, ``view_overhead`` for an input or a view,
+``gil_seconds`` of either holding the machine's one interpreter), the memory of a machine,
+and what a driver in another process pays to feed and fetch (``driver_latency``,
+``driver_bandwidth``: the Ray engine). ``Cluster.measure()`` fills the rates and overheads in
+for this machine, ``calibrate.ray_driver()`` the driver's costs and ``calibrate.ray_link()``
+Ray's between machines (with ``overhead_across``, its cost per block) (hardware/calibrate.py),
+and ``to_json``/``from_json`` keep them in a file.
 
 Workers are numbered machine-major: worker ``w`` is core ``w % cores`` of machine
 ``w // cores``. ``blas_threads`` is how many cores one worker's GEMMs use: the
@@ -46,7 +47,7 @@ MAX_WORKERS = 2**22  # machines x cores: the plan keeps arrays over every core (
 _COUNTS = {"machines": MAX_MACHINES, "cores": MAX_CORES, "blas_threads": MAX_CORES}  # BLAS: a worker alone
 # figures that may be 0 (a latency, an overhead, no minimum block); the others must be > 0
 _MAY_BE_ZERO = {"min_block_seconds", "elementwise_node_cost", "latency_within", "latency_across",
-                "overhead_across", "task_overhead", "view_overhead", "driver_latency"}
+                "overhead_across", "task_overhead", "view_overhead", "gil_seconds", "driver_latency"}
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,10 @@ class Cluster:
     overhead_across: float = 0.0
     task_overhead: float = 1.5e-5  # an engine's scheduling cost per kernel task, on its core
     view_overhead: float = 2e-6  # that of a task that runs no kernel (an input, a view): dispatch alone
+    # of a task's time on its core, the part that holds the interpreter: the workers of one process
+    # (a machine: the local engine, a Ray actor) take it in turn, so a machine dispatches at most
+    # one task per gil_seconds, however many cores it has (measure(): 22 us here)
+    gil_seconds: float = 1e-5
     memory_per_machine: float = 256 * 2**30  # bytes
     # bytes/s a machine moves between its memory and its host storage, each way: an offloaded
     # input's load before its reader and its new value's store (plan/offload.py); measure()

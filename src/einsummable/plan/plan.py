@@ -20,7 +20,7 @@ from einsummable.ir.graph import EinGraph, Formation
 from einsummable.plan.partition import Partition
 from einsummable.plan.placement import place
 from einsummable.plan.predict.memory import formed_in_place, gathered, holds_nothing, peak
-from einsummable.plan.predict.summary import Summary, critical_path, partial_seconds
+from einsummable.plan.predict.summary import Summary, critical_path, dispatch_seconds, partial_seconds
 from einsummable.plan.predict.traffic import block_indices
 from einsummable.plan.space import Space, nbytes, spaces
 
@@ -114,7 +114,11 @@ def build(
     memory = peak(g, sps, live, held, gathered(g, sps, ones, live, counts, cluster.cores), budget)
     nic = float(placed.nic_in.max())
     extra = partial_seconds(g, sps, [p.counts for p in parts], cluster)
-    compute = max(float(placed.seconds.max()),
+    per_machine = np.zeros((len(g.nodes), cluster.machines), dtype=np.int64)
+    for v in range(len(g.nodes)):
+        np.add.at(per_machine[v], np.asarray(placed.locs[v], dtype=np.int64) // cluster.cores, 1)
+    busiest = per_machine[:, int(np.argmax(per_machine.sum(axis=0)))]
+    compute = max(float(placed.seconds.max()), dispatch_seconds(g, live, busiest, cluster),
                   critical_path(g, live, [p.num_blocks for p in parts], cluster, extra))
     summary = Summary(placed.flops, placed.within, placed.across, model_bytes, compute,
                       nic, nic / cluster.bandwidth_across, memory, cluster.memory_per_machine)

@@ -7,6 +7,12 @@ events, a ready heap per worker ordered by rank (ir/priority.py), NIC ports book
 move between machines, blocks live from their task's start to their last
 reader's end. Arrays, not task objects, so a million tasks cost tens of MB.
 
+Each machine has one interpreter (the local engine's process, a Ray actor): a task's first
+``Cluster.gil_seconds`` on its core (all of it, if shorter) hold it, so the cores of a machine
+start their tasks one at a time, ``gil_seconds`` apart at the least; a task that finds it
+held waits on its core (its path's step "waited"). Machine-level replays (``slots`` > 1) cost
+dispatch in their durations instead.
+
     sim = replay(cg, Cluster(machines=32, cores=1), durations)    # a Simulation
 """
 
@@ -249,12 +255,24 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
     latency = cluster.latency_across
     push, pop = heapq.heappush, heapq.heappop
 
+    gil = cluster.gil_seconds if slots == 1 else 0.0
+    gil_free, gil_owner = [0.0] * machines, [-1] * machines  # when each interpreter is next free; by whom
+
     def begin(t: int, now: float) -> None:
         m = loc[t] // cores
         live[m] += held[t]
         if live[m] > peak[m]:
             peak[m] = live[m]
         push(events, (now + dur[t], t))
+
+    def dispatch(t: int, now: float) -> float:
+        """When core task ``t``, taken at ``now``, gets its machine's interpreter."""
+        m = loc[t] // cores
+        go = max(now, gil_free[m])
+        if go > now:
+            prev[t], waited[t] = gil_owner[m], True
+        gil_free[m], gil_owner[m] = go + min(gil, dur[t]), t
+        return go
 
     reach = window(g.order, workers * slots)
     low, finished, blocked = 0, [False] * n, set()  # the earliest unfinished task; workers held back
@@ -270,7 +288,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
                 prev[t], waited[t] = last_on_core[w], True
             last_on_core[w] = t
             busy[w] += dur[t] * width[t] / slots
-            begin(t, now)
+            begin(t, dispatch(t, now) if gil else now)
 
     def become_ready(t: int, now: float, why: int) -> None:
         prev[t], ready_at[t] = why, now

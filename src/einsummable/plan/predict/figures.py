@@ -25,7 +25,13 @@ from einsummable.ir.graph import EinGraph, Fill, Formation, InputNode
 from einsummable.plan.cost import CostModel
 from einsummable.plan.predict.memory import Memory
 from einsummable.plan.predict.overlap import Transfer, step_seconds
-from einsummable.plan.predict.summary import Summary, critical_path, node_seconds, partial_seconds
+from einsummable.plan.predict.summary import (
+    Summary,
+    critical_path,
+    dispatch_seconds,
+    node_seconds,
+    partial_seconds,
+)
 from einsummable.plan.predict.traffic import edge_cost, holders
 from einsummable.plan.space import Space
 from einsummable.plan.twolevel import TwoLevel, nested, rotations, spread
@@ -185,8 +191,8 @@ def summarise(g: EinGraph, sps: Sequence[Space], model: CostModel, tl: TwoLevel,
         bytes_within=within,
         bytes_across=float(nic_in.sum()),
         model_bytes=model_bytes,
-        compute_seconds=max(float(secs.max()), critical_path(g, live, [math.prod(c) for c in counts], cluster,
-                                                             extra)),
+        compute_seconds=max(float(secs.max()), dispatch_seconds(g, live, blocks, cluster),  # busiest machine
+                            critical_path(g, live, [math.prod(c) for c in counts], cluster, extra)),
         nic_bytes=busiest,
         network_seconds=busiest / cluster.bandwidth_across,
         memory=memory,

@@ -28,8 +28,18 @@ import numpy as np
 from einsummable.hardware import cost
 from einsummable.hardware.cluster import Cluster
 from einsummable.ir.dtypes import itemsize
-from einsummable.ir.graph import EinGraph, EinsumNode, Formation, Node, Select
+from einsummable.ir.graph import EinGraph, EinsumNode, Fill, Formation, InputNode, Node, Select
 from einsummable.plan.predict.memory import Memory
+
+
+def dispatch_seconds(g: EinGraph, live: Sequence[bool], blocks: Sequence[int], cluster: Cluster) -> float:
+    """The least a machine's step takes to start its tasks: its one interpreter holds each task's
+    dispatch, ``gil_seconds``, in turn (engines/simulator/replay.py models it so). ``blocks``: each
+    node's blocks on the machine."""
+    if cluster.cores == 1:
+        return 0.0  # one worker: its dispatch is its core's time, counted already
+    tasks = sum(b for v, b in enumerate(blocks) if live[v] and not isinstance(g.nodes[v], InputNode | Fill))
+    return tasks * cluster.gil_seconds
 
 
 def node_seconds(node: Node, cluster: Cluster) -> float:
