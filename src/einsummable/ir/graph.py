@@ -315,10 +315,8 @@ def _check_dtype(dtype: str, what: str) -> None:
 
 @dataclass(frozen=True)
 class ClassIds:
-    """Input ``input`` holds, within ``box``, class ids: integers in [0, classes).
-
-    Class ids are data, so this is checked when the input is fed (engines/feeds.py).
-    """
+    """Input ``input`` holds, within ``box``, class ids: integers in [0, classes); they are data,
+    so this is checked when the input is fed (engines/feeds.py)."""
 
     input: str
     box: Box
