@@ -61,6 +61,12 @@ with everyone else): ray 1x2 read 0.63..0.71 in one busy run, ray 2x1 attention 
 over seven runs; mlp fwd+bwd reads 0.55..1.22 on Ray, 1x2 as 2x1, so its gap is not in the moves.
 On a busy moment (another program holding a core) the rows read 0.2..0.7, and their cpu
 share says why.
+
+The Llama training-step rows (issue 32: the local engine's fused tasks, which the simulator
+now sees), quiet box, median of 3: demo step 0.72 / 0.75 at workers=1 (its hidden-192 GEMMs
+on two BLAS threads run at half the 2048-cubed rate the model charges) and 0.91 / 1.01 at
+workers=2; 23.5M step 0.93 at workers=1 and 1.10 at workers=2 (1.52 in a run whose
+``Cluster.measure`` read the GEMM rate 42 GFLOP/s, not 63: the model moves with that figure).
 """
 
 from __future__ import annotations
