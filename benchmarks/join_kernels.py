@@ -35,6 +35,8 @@ from einsummable.engines import local
 from einsummable.engines.kernels import aligned, cbuild, native, rowfuse
 from einsummable.engines.kernels import fast as kernels
 from einsummable.ir.einsummable import Einsummable
+from einsummable.lower.fusion import wiring
+from einsummable.lower.taskgraph import FusedTask
 
 F32 = np.float32
 
@@ -138,9 +140,9 @@ def runner(steps, feeds, prepare, fuse: bool = False):
         if i in fused:
             r, k = fused[i]
             red, red_names, _ = steps[r]
-            step = rowfuse.step(red, o, k, red_names, names)
-            prepared.append((lambda args, variables, step=step: step(args, {}, variables),
-                             rowfuse.shared(red_names, names, k), out))
+            inputs, slots = wiring(red_names, names, k)
+            step = rowfuse.step(FusedTask(red, o, slots, tuple(range(len(inputs))), 0))
+            prepared.append((lambda args, variables, step=step: step(args, {}, variables), inputs, out))
         elif i not in skipped:
             prepared.append((prepare(o), names, out))
 

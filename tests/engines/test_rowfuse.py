@@ -22,6 +22,7 @@ from einsummable.ir import kinds, scalar
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Const, Input, Var, call, inputs_used
+from einsummable.lower.fusion import wiring
 from einsummable.lower.taskgraph import FusedTask, TaskGraph
 
 pytestmark = pytest.mark.skipif(
@@ -91,10 +92,8 @@ def _arrays(red, join, k, rnames, jnames, dtype, seed, special):
 def _step(red, join, k, rnames, jnames):
     """The fused step over named operands, and the names of its arguments, each once (as
     lower/fusion.py hands them: R's operands, then J's others)."""
-    names = list(dict.fromkeys([*rnames, *jnames[:k], *jnames[k + 1 :]]))
-    slots = tuple(names.index(n) for n in rnames) + tuple(-1 if m == k else names.index(n)
-                                                          for m, n in enumerate(jnames))
-    return rowfuse.step(red, join, slots), names
+    names, slots = wiring(rnames, jnames, k)
+    return rowfuse.step(FusedTask(red, join, slots, tuple(range(len(names))), 0)), names
 
 
 def _rows(tg: TaskGraph) -> list[FusedTask]:

@@ -39,12 +39,13 @@ from einsummable.errors import EngineError
 from einsummable.ir.box import box_shape, slices, whole
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.graph import Constant, FillKind, Tril
-from einsummable.lower import taskgraph as tgm
 from einsummable.lower.taskgraph import (
     ApplyTask,
     ConstantTask,
+    FusedTask,
     InputTask,
     MoveTask,
+    Output,
     PartialTask,
     TaskGraph,
     ViewTask,
@@ -174,17 +175,13 @@ def _view(task: ViewTask, prog: GpuProgram):
     return run
 
 
-def _fused(task, prog: GpuProgram):
-    """A FusedTask (lower/taskgraph.py, where it exists): ``first``'s block, then ``then`` over
-    the operands ``slots`` names (a position in inputs, -1 for first's block)."""
+def _fused(task: FusedTask, prog: GpuProgram):
+    """``first``'s kernel, then ``then``'s over its block (lower/fusion.py's pairs)."""
     first = gpu_kernels.prepare(task.first, prog.triton)
     then = gpu_kernels.prepare(task.then, prog.triton)
-    n_first = len(task.first.inputs)
 
     def run(args, feeds, variables):
-        ins = [args[s] for s in task.slots[:n_first]]
-        made = first(ins, variables)
-        return then([made if s == -1 else args[s] for s in task.slots[n_first:]], variables)
+        return then(task.then_operands(args, first(task.first_operands(args), variables)), variables)
 
     return run
 
@@ -193,12 +190,11 @@ PREPARE = {
     InputTask: _input,
     ConstantTask: _constant,
     ApplyTask: _apply,
+    FusedTask: _fused,
     MoveTask: _move,
     PartialTask: _partial,
     ViewTask: _view,
 }
-if hasattr(tgm, "FusedTask"):  # a task kind another change adds: its two ops, one after the other
-    PREPARE[tgm.FusedTask] = _fused
 
 
 # ----------------------------------------------------------------- streams
@@ -295,7 +291,7 @@ class GpuProgram:
                 streams.finish()
             return {name: self._assemble(out, values) for name, out in self.tg.outputs.items()}
 
-    def _assemble(self, out: tgm.Output, values: dict[int, torch.Tensor]) -> torch.Tensor:
+    def _assemble(self, out: Output, values: dict[int, torch.Tensor]) -> torch.Tensor:
         if len(out.blocks) == 1:
             return values[out.blocks[0][0]].to(TORCH[out.dtype]).contiguous()
         array = torch.empty(out.shape, dtype=TORCH[out.dtype], device=self.device)

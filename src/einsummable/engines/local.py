@@ -138,9 +138,7 @@ def _apply(task: ApplyTask):
 
 
 def _fused(task: FusedTask):
-    if kinds.is_gemm(task.first):
-        return epilogue.step(task.first, task.then, task.slots)
-    return rowfuse.step(task.first, task.then, task.slots)
+    return (epilogue if kinds.is_gemm(task.first) else rowfuse).step(task)
 
 
 def _move(task: MoveTask):

@@ -44,10 +44,9 @@ def _apply(task: ApplyTask, args, feeds, variables):
 
 
 def _fused(task: FusedTask, args, feeds, variables):
-    """The two ops one after the other, ``first``'s block handed to ``then`` (its slot -1)."""
-    block = reference_kernel.einsum(task.first, [args[s] for s in task.first_slots], variables)
-    operands = [args[s] if s >= 0 else block for s in task.then_slots]
-    return reference_kernel.einsum(task.then, operands, variables)
+    """The two ops one after the other, ``first``'s block handed to ``then``."""
+    block = reference_kernel.einsum(task.first, task.first_operands(args), variables)
+    return reference_kernel.einsum(task.then, task.then_operands(args, block), variables)
 
 
 def _move(task: MoveTask, args, feeds, variables):

@@ -27,7 +27,8 @@ are ready before it. The unfused graph is what lowering made; compile keeps it f
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from einsummable.ir import kinds
 from einsummable.ir.box import intersect
@@ -36,6 +37,8 @@ from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Cast, Expr, Input, inputs_used
 from einsummable.ir.scalar_ops import is_call
 from einsummable.lower.taskgraph import ApplyTask, FusedTask, InputTask, MoveTask, Output, TaskGraph
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ def fuse(tg: TaskGraph, keep: Iterable[int] = ()) -> Fusion:
             g, k = pairs[t]
             task = _fused(tasks[g], task, k)
         elif t in donors:
-            task = ApplyTask(task.op, task.inputs, task.loc, task.node, donors[t])
+            task = replace(task, donates=donors[t])
         out.append(task)
     for j, (g, _) in pairs.items():
         index[g] = index[j]
@@ -102,25 +105,23 @@ def _pairs(tasks: Sequence, kept: set[int], readers: list[int]) -> dict[int, tup
 
 
 def _fused(first: ApplyTask, then: ApplyTask, k: int) -> FusedTask:
-    """One task for both: ``first``'s operands, then ``then``'s others, each block once."""
-    names: list[int] = []
-    for i in [*first.inputs, *then.inputs[:k], *then.inputs[k + 1 :]]:
-        if i not in names:
-            names.append(i)
-    slots = tuple(names.index(i) for i in first.inputs) + \
-        tuple(-1 if m == k else names.index(i) for m, i in enumerate(then.inputs))
-    return FusedTask(first.op, then.op, slots, tuple(names), then.loc, then.node)
+    """One task for both (``then`` reads ``first`` as its operand ``k``)."""
+    inputs, slots = wiring(first.inputs, then.inputs, k)
+    return FusedTask(first.op, then.op, slots, inputs, then.loc, then.node)
+
+
+def wiring(first: Sequence[T], then: Sequence[T], k: int) -> tuple[tuple[T, ...], tuple[int, ...]]:
+    """A fused task's inputs and slots from its two ops' operands (``then``'s operand ``k`` is
+    ``first``'s block): ``first``'s operands, then ``then``'s others, each once."""
+    inputs = tuple(dict.fromkeys([*first, *then[:k], *then[k + 1 :]]))
+    slots = tuple(inputs.index(i) for i in first) + \
+        tuple(-1 if m == k else inputs.index(i) for m, i in enumerate(then))
+    return inputs, slots
 
 
 def _renumber(task, index: Sequence[int]):
     ins = tuple(index[i] for i in task.inputs)
-    if ins == task.inputs:
-        return task
-    if isinstance(task, ApplyTask):  # (its shape and dtype are derived fields)
-        return ApplyTask(task.op, ins, task.loc, task.node, task.donates)
-    if isinstance(task, FusedTask):
-        return FusedTask(task.first, task.then, task.slots, ins, task.loc, task.node)
-    return type(task)(**{**{f: getattr(task, f) for f in task.__dataclass_fields__}, "inputs": ins})
+    return task if ins == task.inputs else replace(task, inputs=ins)
 
 
 def _donors(tg: TaskGraph, kept: set[int], readers: list[int], pairs: dict) -> dict[int, int]:
@@ -130,11 +131,9 @@ def _donors(tg: TaskGraph, kept: set[int], readers: list[int], pairs: dict) -> d
     for i, t in enumerate(tasks):
         if isinstance(t, InputTask):
             boxes.setdefault(t.name, []).append((i, t.box))
-    absorbed = {g for g, _ in pairs.values()}
     out: dict[int, int] = {}
-    for j, task in enumerate(tasks):
-        free = isinstance(task, ApplyTask) and j not in pairs and j not in absorbed
-        found = match(task.op) if free else None
+    for j, task in enumerate(tasks):  # (a pair's partner aggregates: ``match`` takes no such op)
+        found = match(task.op) if isinstance(task, ApplyTask) and j not in pairs else None
         if found is None:
             continue
         k = found[0]

@@ -30,6 +30,7 @@ worker 0 to worker 1.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from einsummable.errors import PlanError
@@ -99,7 +100,8 @@ class ApplyTask:
 class FusedTask:
     """``then`` over ``first``'s block, in one task. ``slots``: for each operand of ``first``,
     then of ``then``, its position in ``inputs``; -1 is ``first``'s block (``then``'s operand
-    ``k``). An input both read comes once."""
+    ``k``). An input both read comes once. Every engine hands the two ops their operands with
+    ``first_operands`` and ``then_operands``."""
 
     first: Einsummable
     then: Einsummable
@@ -109,23 +111,27 @@ class FusedTask:
     node: int = -1
     shape: Shape = field(init=False)
     dtype: str = field(init=False)
+    first_slots: tuple[int, ...] = field(init=False, repr=False)
+    then_slots: tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", self.then.out_shape)
-        object.__setattr__(self, "dtype", self.then.dtype)
+        n = len(self.first.inputs)
+        for name, value in (("shape", self.then.out_shape), ("dtype", self.then.dtype),
+                            ("first_slots", self.slots[:n]), ("then_slots", self.slots[n:])):
+            object.__setattr__(self, name, value)
 
     @property
     def k(self) -> int:
         """The operand of ``then`` that is ``first``'s block."""
-        return self.slots.index(-1) - len(self.first.inputs)
+        return self.then_slots.index(-1)
 
-    @property
-    def first_slots(self) -> tuple[int, ...]:
-        return self.slots[: len(self.first.inputs)]
+    def first_operands(self, args: Sequence) -> list:
+        """``first``'s operands, of the task's arguments (its inputs' blocks, in order)."""
+        return [args[s] for s in self.first_slots]
 
-    @property
-    def then_slots(self) -> tuple[int, ...]:
-        return self.slots[len(self.first.inputs) :]
+    def then_operands(self, args: Sequence, block: object) -> list:
+        """``then``'s operands: the task's arguments, ``first``'s ``block`` at its place."""
+        return [block if s < 0 else args[s] for s in self.then_slots]
 
     def describe(self) -> str:
         return f"fused[{self.first}; {self.then} reads it as x{self.k}]" + \
@@ -284,9 +290,8 @@ def _check(tg: TaskGraph, t: int, task: Task) -> None:
     if isinstance(task, ApplyTask):
         _check_operands(task.op, ins, "")
     elif isinstance(task, FusedTask):
-        _check_operands(task.first, [ins[s] for s in task.first_slots], "first's ")
-        made = task.first
-        _check_operands(task.then, [ins[s] if s >= 0 else made for s in task.then_slots], "then's ")
+        _check_operands(task.first, task.first_operands(ins), "first's ")
+        _check_operands(task.then, task.then_operands(ins, task.first), "then's ")
     elif isinstance(task, MoveTask):
         _check_box(task.box, ins[0].shape, "move box")
         if ins[0].dtype != task.dtype:

@@ -6,7 +6,7 @@ with the block first or second, so the sum adds in the order the join does), it 
 that block, which the GEMM made and nothing else reads: no new block, one pass less. Other
 joins run their own kernel on it.
 
-    step(task.first, task.then, task.slots)    # the FusedTask's step
+    step(task)                                  # a FusedTask's step
 """
 
 from __future__ import annotations
@@ -20,28 +20,27 @@ from einsummable.engines.kernels.reference import align
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Expr, Input
 from einsummable.ir.scalar_ops import is_call
+from einsummable.lower.taskgraph import FusedTask
 
 Step = Callable[[list, dict, dict], np.ndarray]
 
 
-def step(gemm: Einsummable, join: Einsummable, slots: tuple[int, ...]) -> Step:
-    """The fused task: the GEMM on its operands (``slots``: FusedTask's), then the join on its block."""
+def step(task: FusedTask) -> Step:
+    """The fused task: the GEMM on its operands, then the join on its block."""
+    gemm, join, k = task.first, task.then, task.k
     run_gemm, run_join = kernels.prepare(gemm), kernels.prepare(join)
-    n = len(gemm.inputs)
-    first, then = slots[:n], slots[n:]
-    k = then.index(-1)
     order = _sum_order(join.join)
     in_place = adds_in_place(gemm, join, k)
     shape = join.out_shape
 
     def run(args, feeds, variables):
-        block = run_gemm([args[s] for s in first], variables)
+        block = run_gemm(task.first_operands(args), variables)
         if in_place and block.shape == shape and block.flags.c_contiguous and block.flags.writeable:
             for m in order:  # the block itself is the sum's first term
                 if m != k:
-                    np.add(block, align(args[then[m]], join.inputs[m], join.join_shape), out=block)
+                    np.add(block, align(args[task.then_slots[m]], join.inputs[m], join.join_shape), out=block)
             return block
-        return run_join([block if s < 0 else args[s] for s in then], variables)
+        return run_join(task.then_operands(args, block), variables)
 
     return run
 

@@ -14,7 +14,7 @@ The fused step gives the bits the two tasks give apart. Without compiled kernels
 ``kernels._native`` keeps it) or where a half has no C form, R's and J's own kernels run
 one after the other in the task, as they do where a build fails at run time.
 
-    step(task.first, task.then, task.slots)    # the FusedTask's step
+    step(task)                                  # a FusedTask's step
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from einsummable.engines.kernels.reference import kept_wide
 from einsummable.ir import kinds
 from einsummable.ir.dtypes import to_numpy
 from einsummable.ir.einsummable import Einsummable
+from einsummable.lower.taskgraph import FusedTask
 
 
 def source(red: Einsummable, join: Einsummable, k: int) -> cbuild.Source | None:
@@ -44,16 +45,15 @@ def source(red: Einsummable, join: Einsummable, k: int) -> cbuild.Source | None:
 
 
 class Fused(native.Function):
-    """The fused task's step: its inputs in (``slots``: FusedTask's), J's block out."""
+    """The fused task's step: its inputs in, J's block out."""
 
-    def __init__(self, red: Einsummable, join: Einsummable, slots: tuple[int, ...],
-                 src: cbuild.Source) -> None:
+    def __init__(self, task: FusedTask, src: cbuild.Source) -> None:
         native.register(src)
         super().__init__(src)
-        self.red, self.join = red, join
-        self.slots = list(slots)  # each operand of R, then of J (R's block: -1), as an argument index
-        n = len(red.inputs)
-        self.red_slots, self.join_slots = self.slots[:n], self.slots[n:]
+        self.task, self.red, self.join = task, task.first, task.then
+        red, join = self.red, self.join
+        self.slots = task.slots  # each operand of R, then of J (R's block: -1), as an argument index
+        self.red_slots, self.join_slots = task.first_slots, task.then_slots
         first = {}  # each argument as the first operand that reads it sees it
         for op, ats in ((red, self.red_slots), (join, self.join_slots)):
             for m, at in enumerate(ats):
@@ -84,24 +84,21 @@ class Fused(native.Function):
         return self.call(fn, pointers, self.sizes, strides, variables, self.join.out_shape, self.dtype)
 
     def _apart(self, args: list, variables: dict | None) -> np.ndarray:
-        return apart(self.red, self.join, self.slots)(args, {}, variables)
+        return apart(self.task)(args, {}, variables)  # its kernels built only now: not else
 
 
-def apart(first: Einsummable, then: Einsummable, slots: tuple[int, ...]):
+def apart(task: FusedTask):
     """A fused task's two kernels, one after the other (no fused function for the pair)."""
-    n = len(first.inputs)
-    run_first, run_then = kernels.prepare(first), kernels.prepare(then)
-    first_slots, then_slots = slots[:n], slots[n:]
+    run_first, run_then = kernels.prepare(task.first), kernels.prepare(task.then)
 
     def run(args, feeds, variables):
-        block = run_first([args[at] for at in first_slots], variables)
-        return run_then([args[at] if at >= 0 else block for at in then_slots], variables)
+        return run_then(task.then_operands(args, run_first(task.first_operands(args), variables)), variables)
 
     return run
 
 
-def step(red: Einsummable, join: Einsummable, slots: tuple[int, ...]):
+def step(task: FusedTask):
     """The fused row task: R's reduction and J's join a row at a time, in one C function where
     the pair has one (``source``), else R's and J's kernels one after the other."""
-    src = source(red, join, slots[len(red.inputs):].index(-1))
-    return apart(red, join, slots) if src is None else Fused(red, join, slots, src)
+    src = source(task.first, task.then, task.k)
+    return apart(task) if src is None else Fused(task, src)
