@@ -81,14 +81,15 @@ class Program:
 
             out = prog.run({"x": torch.randn(4, 3), "lr": 1e-3}, like="torch")
 
-        ``trace="t.json"`` (local engine): also write each task's measured start and end per
+        ``trace="t.json"`` (local and Ray engines): also write each task's measured start and end per
         worker, as a Chrome trace (Perfetto, chrome://tracing), or a Gantt chart for ``*.png``.
         """
         arrays, variables = check_feeds(self.graph, feeds, variables=self.variables)
         if trace is None:
             return convert(self.execute(arrays, variables), like)
-        if not isinstance(self.executor, local.LocalProgram):
-            raise EinsummableError(f"trace= needs the local engine; this program runs on {self.engine!r} "
+        if self.engine not in TRACED:
+            raise EinsummableError(f"trace= needs the local or Ray engine; this program runs on "
+                                   f"{self.engine!r} "
                                    "(prog.simulate(trace=...) gives the predicted timeline)")
         return convert(self.executor.run(arrays, variables, trace=trace), like)
 
@@ -393,6 +394,7 @@ ENGINES: dict[str, Callable[..., Executor | None]] = {
     "simulate": _simulate,
 }
 WHOLE = {"reference"}
+TRACED = {"local", "ray"}  # engines whose run takes trace=: they measure each task where it runs
 DEFAULT_ENGINE = "local"
 
 

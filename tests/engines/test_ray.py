@@ -441,3 +441,82 @@ def test_a_bf16_llama_trains_through_the_trainer_on_two_nodes_as_on_the_local_en
     local, on_ray = (t.fit(4) for t in runs)
     np.testing.assert_allclose(on_ray, local, rtol=1e-2)
     assert on_ray[-1] < on_ray[0]
+
+
+def _trace_names(path) -> dict[int, list[str]]:
+    """A Chrome trace's task names by machine (its "pid")."""
+    import json
+
+    out: dict[int, list[str]] = {}
+    for e in json.loads(path.read_text())["traceEvents"]:
+        if e["ph"] == "X":
+            out.setdefault(e["pid"], []).append(e["name"])
+    return out
+
+
+def _llama_step():
+    """A one-layer Llama's training step (gradients out) and its feeds, on a 2 x 2 cluster that
+    splits even tiny ops (no minimum block time), so both machines work and blocks cross."""
+    from einsummable.cli_plan import training_graph
+    from einsummable.models.llama import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    g = training_graph(cfg, batch=4, seq=16, optimizer="none")
+    rng = np.random.default_rng(0)
+    feeds = {name: rng.integers(0, cfg.vocab_size, x.shape) if x.dtype == "i64"
+             else (rng.standard_normal(x.shape) * 0.1).astype(np.float32) for name, x in g.inputs.items()}
+    return g, feeds, es.Cluster(machines=2, cores=2, min_block_seconds=0)
+
+
+def _close_to_reference(g, feeds, *results) -> None:
+    for name, value in reference.run(g.ir, feeds).items():
+        for got in results:
+            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_a_ray_trace_lists_the_fused_tasks_the_local_engine_runs(two_nodes, tmp_path):
+    """One fused core-level Llama step given whole to two actors: the trace the actors measure
+    lists exactly the local engine's tasks, fused ones among them, plus a send per move between
+    the machines; both engines give the reference engine's values."""
+    from einsummable.engines import local
+    from einsummable.lower.taskgraph import FusedTask
+
+    g, feeds, cluster = _llama_step()
+    tg = es.compile(g, cluster=cluster, engine="simulate").taskgraph
+    fused = {f"fused %{t}" for t, task in enumerate(tg.tasks) if isinstance(task, FusedTask)}
+    crossing = [t for t, task in enumerate(tg.tasks)
+                if isinstance(task, MoveTask) and tg.machine_of(task.src) != tg.machine_of(task.loc)]
+    assert fused and crossing
+    got_ray = ray_engine.RayProgram(tg).run(feeds, trace=tmp_path / "ray.json")
+    got_local = local.LocalProgram(tg).run(feeds, trace=tmp_path / "local.json")
+    by_machine = _trace_names(tmp_path / "ray.json")
+    assert sorted(by_machine) == [0, 1]
+    on_ray = [n for names in by_machine.values() for n in names]
+    on_local = [n for names in _trace_names(tmp_path / "local.json").values() for n in names]
+    assert sorted(n for n in on_ray if not n.startswith("send")) == sorted(on_local)
+    assert sorted(n for n in on_ray if n.startswith("send")) == sorted(f"send %{t}" for t in crossing)
+    assert fused <= set(on_ray)
+    _close_to_reference(g, feeds, got_ray, got_local)
+
+
+def test_a_two_level_ray_trace_lists_each_machines_refined_share(two_nodes, tmp_path):
+    """Compiled for 2 x 2 machines the actors lower their own shares: each machine's trace is its
+    refined share's tasks, with the fused ones the pass made of it."""
+    from einsummable.engines import trace as timeline
+    from einsummable.lower.refine import refine
+    from einsummable.lower.taskgraph import FusedTask
+
+    g, feeds, cluster = _llama_step()
+    prog = es.compile(g, cluster=cluster, engine="ray")
+    got = prog.run(feeds, trace=tmp_path / "ray.json")
+    traced = _trace_names(tmp_path / "ray.json")
+    fused = 0
+    for m, share in enumerate(prog.executor.layout.payloads):
+        refined = refine(share)
+        want = [f"send %{i}" if i in refined.send else timeline.label(task, i)
+                for i, task in enumerate(refined.graph.tasks)]
+        assert sorted(traced[m]) == sorted(want), m
+        fused += sum(isinstance(task, FusedTask) for task in refined.graph.tasks)
+    assert fused > 0
+    _close_to_reference(g, feeds, got)

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from einsummable.engines import local, scheduler
+from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import assemble
 from einsummable.engines.kernels import native
 from einsummable.errors import EngineError
@@ -54,7 +55,9 @@ class MachinePart:
         self.rank = priority.ranks(self.inputs, cost, refined.graph.order)
         self.window = priority.window(refined.graph.order, self.cores)
         self.steps = []
+        self.names = []  # trace event names: the share's ids (a move that leaves the machine: its send)
         for i, task in enumerate(tasks):
+            self.names.append(f"send %{i}" if i in refined.send else timeline.label(task, i))
             if i in refined.receive:
                 t = refined.receive[i]
                 self.location[i], self.rank[i] = self.cores, -float(t)

@@ -12,7 +12,8 @@ from their replay (predicted). Both write the same formats:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -97,6 +98,25 @@ KIND = {"InputTask": "input", "ConstantTask": "constant", "ApplyTask": "apply", 
         "PartialTask": "partial", "ViewTask": "view", "FusedTask": "fused"}
 
 
+def label(task: object, i: int) -> str:
+    """A task's event name: its kind and id (``apply %12``), as every engine's trace names it."""
+    return f"{KIND[type(task).__name__]} %{i}"
+
+
+def timed(execute: Callable[[int, list], object], times: np.ndarray,
+          clock: Callable[[], float] = time.perf_counter) -> Callable[[int, list], object]:
+    """``execute(i, args)`` that also writes task i's start and end (``clock`` seconds) into
+    ``times[i]``: the dependency loop's callback, wrapped only when a run is traced."""
+
+    def run(i: int, args: list) -> object:
+        times[i, 0] = clock()
+        out = execute(i, args)
+        times[i, 1] = clock()
+        return out
+
+    return run
+
+
 def task_events(tg: TaskGraph, times: np.ndarray,
                 measured: bool = False) -> tuple[list[Event], dict[tuple[int, int], str]]:
     """One event per task of ``tg`` from its [tasks, 2] start/end seconds, and the lanes' names.
@@ -107,14 +127,13 @@ def task_events(tg: TaskGraph, times: np.ndarray,
     cores = tg.cores
     events, lanes = [], {}
     for t, task in enumerate(tg.tasks):
-        kind = KIND[type(task).__name__]
         m, lane = task.loc // cores, task.loc % cores
         if isinstance(task, MoveTask) and not measured:
             src = task.src // cores
             m, lane = (src, cores) if src != m else (m, cores + 1)
         lanes.setdefault((m, lane), "NIC out" if lane == cores else "moves within" if lane > cores
                          else f"core {lane}")
-        events.append(Event(f"{kind} %{t}", m, lane, float(times[t, 0]), float(times[t, 1])))
+        events.append(Event(label(task, t), m, lane, float(times[t, 0]), float(times[t, 1])))
     return events, lanes
 
 

@@ -184,7 +184,7 @@ def _two_level(g: EinGraph, sps: tuple[Space, ...], live: list[bool], cluster: C
         for v, sp in enumerate(sps))
     parts = formations_follow(g, sps, parts)
     check_plan(g, sps, parts, cluster, free_formations=True)
-    rot = twolevel.rotations(tl, cluster.cores)
+    rot = twolevel.rotations(g, tl, cluster.cores)
 
     def where(v: int, tl=tl, rot=rot) -> Sequence[int]:
         if not live[v]:

@@ -18,6 +18,7 @@ import numpy as np
 import ray
 
 from einsummable.engines import local, scheduler
+from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks
 from einsummable.engines.kernels import native
 from einsummable.engines.machine import MachinePart
@@ -117,6 +118,7 @@ class _Part:
         self.location: list[int] = []
         self.rank: list[float] = []
         self.steps = []
+        self.names: list[str] = []  # trace event names: the cluster graph's ids, a crossing move's half
         for t in self.ids:
             task = tg.tasks[t]
             crossing = isinstance(task, MoveTask) and machine(task.src) != machine(task.loc)
@@ -131,6 +133,7 @@ class _Part:
             else:
                 step = local.PREPARE[type(task)](task)
                 self.steps.append(lambda args, run, step=step: step(args, run.feeds, run.variables))
+            self.names.append(f"send %{t}" if crossing and not receive else timeline.label(task, t))
         self.describe = [f"%{t} @{tg.tasks[t].loc} {tg.tasks[t].describe()}" for t in self.ids]
         native.flush()  # the compiled kernels, built together, at prepare
 
@@ -192,18 +195,27 @@ class Machine:
             self.store.pop(k, None)
 
     def run(self, pid: str, run: int, feeds: dict, sends: list, variables: dict[str, float],
-            fetch: list[int], carry: list[tuple[int, tuple]], timeout: float) -> tuple[str, object]:
-        """Run this machine's part; return ("ok", fetched blocks) or ("error" | "aborted", message)."""
+            fetch: list[int], carry: list[tuple[int, tuple]], timeout: float,
+            timed: bool = False) -> tuple[str, object]:
+        """Run this machine's part; return ("ok", (fetched blocks, events)) or ("error" | "aborted",
+        message). ``timed``: events are each task's (name, lane, start, end), in ``time.time()``
+        seconds (one clock for every node the driver reads), else None."""
         part = self.parts[pid]
         ctx = _Run(pid, run, {}, variables, self.mailbox, self.peers[pid], timeout)
+        times = np.zeros((len(part.inputs), 2)) if timed else None
         try:
             for key, box, dest, msg in sends:  # resident pieces others read: send before waiting on any
                 ctx.send(dest, msg, self.store[key][slices(box)])
             ctx.feeds = {name: Blocks(shape, dtype, {box: self._piece(ctx, source) for box, source in pieces})
                          for name, (shape, dtype, pieces) in feeds.items()}
             keep = {part.index[t] for t in fetch} | {part.index[t] for t, _ in carry}
+
+            def execute(i: int, args: list) -> object:
+                return part.steps[i](args, ctx)
+
             with local.blas_limit(part.cores, part.cpus):
-                values = scheduler.run(part.inputs, lambda i, args: part.steps[i](args, ctx),
+                values = scheduler.run(part.inputs, execute if times is None else
+                                       timeline.timed(execute, times, clock=time.time),
                                        location=part.location, workers=part.cores + 1, keep=keep,
                                        rank=part.rank, describe=lambda i: part.describe[i],
                                        window=part.window)
@@ -215,7 +227,9 @@ class Machine:
             self.mailbox.close(pid, run)
         for t, key in carry:
             self.store[key] = values[part.index[t]]
-        return "ok", {t: contiguous(values[part.index[t]]) for t in fetch}
+        events = None if times is None else [(name, loc, float(a), float(b)) for name, loc, (a, b)
+                                             in zip(part.names, part.location, times, strict=True)]
+        return "ok", ({t: contiguous(values[part.index[t]]) for t in fetch}, events)
 
     def _piece(self, ctx: _Run, source: tuple[str, object]) -> np.ndarray:
         where, key = source

@@ -12,12 +12,14 @@ import time
 import uuid
 import weakref
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
 from einsummable.engines.ray.actor import Machine, contiguous
 from einsummable.engines.ray.layout import Layout, whole
@@ -102,6 +104,15 @@ def _forget(actors: list, pid: str, job: str) -> None:
 
 class _FoundDead(EngineError):
     """Every machine that failed a run was dead before it started: nothing ran, so it may run again."""
+
+
+def _write_trace(path: str | Path, events: dict[int, list], cores: int) -> None:
+    """The actors' measured events on one timeline, from the earliest start."""
+    origin = min((e[2] for machine in events.values() for e in machine), default=0.0)
+    out = [timeline.Event(name, m, lane, start - origin, end - origin)
+           for m, machine in sorted(events.items()) for name, lane, start, end in machine]
+    lanes = {(e.process, e.thread): "receives" if e.thread == cores else f"core {e.thread}" for e in out}
+    timeline.write(out, path, lanes, f"measured on Ray: {len(out):,} tasks on {len(events)} machine(s)")
 
 
 def _answered(ping) -> bool:
@@ -209,20 +220,23 @@ class RayProgram:
                               "blocks died; restore it from a checkpoint (start a new session)")
 
     def run(self, feeds: dict[str, object], variables: dict[str, float] | None = None,
-            carry: frozenset[str] = frozenset()) -> dict[str, np.ndarray | Blocks]:
+            carry: frozenset[str] = frozenset(),
+            trace: str | Path | None = None) -> dict[str, np.ndarray | Blocks]:
         """Run once on the actors; outputs in ``carry`` stay there as ``RayBlocks``. A machine found
-        dead when the run started ran nothing: it is restarted and the run made again, once."""
+        dead when the run started ran nothing: it is restarted and the run made again, once.
+        ``trace``: write each task each actor ran, measured there, as the local engine does
+        (engines/trace.py); a move between machines shows as its send and its receive."""
         self._rejoin()
         try:
-            return self._attempt(feeds, variables or {}, carry)
+            return self._attempt(feeds, variables or {}, carry, trace)
         except _FoundDead as found:
             try:
-                return self._attempt(feeds, variables or {}, carry)
+                return self._attempt(feeds, variables or {}, carry, trace)
             except EngineError as err:
                 raise EngineError(f"{err}\n{found}") from err
 
     def _attempt(self, feeds: dict[str, object], variables: dict[str, float],
-                 carry: frozenset[str]) -> dict[str, np.ndarray | Blocks]:
+                 carry: frozenset[str], trace: str | Path | None) -> dict[str, np.ndarray | Blocks]:
         # an actor another program found dead and replaced is lost to this one too
         self.lost |= {m for m in range(self.machines) if _ACTORS.get(self._slot(m)) is not self.actors[m]}
         for blocks in [v for v in feeds.values() if isinstance(v, RayBlocks)]:
@@ -243,14 +257,17 @@ class RayProgram:
         # that died during it (the reply costs nothing on the way: it is not waited for)
         pings = [self.actors[m].ping.remote() for m in range(self.machines)]
         calls = {self.actors[m].run.remote(self.pid, run, inputs[m], sends[m], variables, fetch[m],
-                                           stores[m], self.timeout): m for m in range(self.machines)}
+                                           stores[m], self.timeout, trace is not None): m
+                 for m in range(self.machines)}
         results, failure = self._wait(run, calls, pings)
         if failure is not None:
             for m, (status, _) in results.items():  # what the survivors stored for this run is void
                 if status == "ok" and stores[m]:
                     self.actors[m].drop.remote([key for _, key in stores[m]])
             raise failure
-        values = {t: block for _, blocks in results.values() for t, block in blocks.items()}
+        values = {t: block for _, (blocks, _) in results.values() for t, block in blocks.items()}
+        if trace is not None:
+            _write_trace(trace, {m: events for m, (_, (_, events)) in results.items()}, self.layout.cores)
         result: dict[str, np.ndarray | Blocks] = {}
         for name, out in self.layout.outputs.items():
             if name in carry:

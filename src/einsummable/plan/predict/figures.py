@@ -156,7 +156,7 @@ def core_seconds(g: EinGraph, sps: Sequence[Space], tl: TwoLevel, cluster: Clust
     partial sums' seconds per node (summary.partial_seconds)."""
     secs = np.zeros((cluster.machines, cluster.cores))
     flops = np.zeros((cluster.machines, cluster.cores))
-    for v, (node, rot) in enumerate(zip(g.nodes, rotations(tl, cluster.cores), strict=True)):
+    for v, (node, rot) in enumerate(zip(g.nodes, rotations(g, tl, cluster.cores), strict=True)):
         if not live[v] or isinstance(node, InputNode | Fill):
             continue
         nm, nc = math.prod(tl.cm[v]), math.prod(tl.cc[v])
