@@ -261,3 +261,30 @@ def test_constant_value_folds_in_double_precision_and_names_a_missing_variable()
         scalar.constant_value(scalar.parse("lr * 2"))
     with pytest.raises(ExprError, match="reads an input"):
         scalar.constant_value(scalar.parse("x0 * 2"))
+
+
+def test_a_composite_op_is_written_once_as_its_expansion_and_found_in_no_kernel_table():
+    """Kernel forms come from the rule table: the numpy interpreter has a kernel for every
+    primitive and nothing else; gelu, a composite, is in no backend's table (C, Triton, torch),
+    each generator reads it through ``expand``, and its value, computed from the expansion, is
+    the closed form 0.5 x (1 + tanh(c (x + 0.044715 x^3))) in f64 (for x >= -3: below, that
+    form cancels; tests/engines/test_gelu.py checks the tail)."""
+    from einsummable.engines.kernels import ccodegen, interpret
+    from einsummable.ir.expr import children
+    from einsummable.ir.scalar_ops import OPS, expand
+
+    gpu = pytest.importorskip("einsummable.engines.kernels.triton")
+    composites = {name for name, rule in OPS.items() if rule.expansion is not None}
+    assert composites == {"gelu"}
+    assert set(interpret.KERNELS) == set(OPS) - composites
+    assert not composites & (set(gpu.EAGER) | set(gpu.UNARY) | set(gpu.BINARY))
+    with pytest.raises(ccodegen.Unsupported):
+        ccodegen._call("gelu", "float", ["a"])
+
+    def ops(e):
+        return ({e.op} if isinstance(e, Call) else set()).union(*(ops(k) for k in children(e)))
+
+    assert ops(expand(scalar.parse("gelu(x0) * gelu(x1 + 1)"))) == {"mul", "add", "div", "exp", "neg"}
+    x = np.linspace(-3.0, 6.0, 101)
+    want = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    np.testing.assert_allclose(OPS["gelu"].value(x), want, rtol=1e-12, atol=1e-300)

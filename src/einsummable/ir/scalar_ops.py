@@ -2,8 +2,12 @@
 
 Each entry holds everything about one op in one place: arity, how it prints,
 its dtype rule, its partial derivatives (as expressions, so gradients stay in the
-language) and its value on numpy scalars, which constant folding computes. The
-engines' buffer kernels for each op live with their interpreter (engines/kernels/interpret.py).
+language) and its value on numpy scalars, which constant folding computes. A primitive's
+kernel forms are the backends' tables, keyed by its name (engines/kernels/interpret.py's
+``KERNELS``, ccodegen.py's ``_call``, triton.py's ``EAGER`` and ``UNARY``; tests/test_scalar.py
+checks each names every primitive it runs). A composite op (gelu) has one more field, its
+``expansion`` in primitives: its value is computed from it, and every kernel generator reads
+the join through ``expand``, so the op has no form written anywhere else.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import numpy as np
 
 from einsummable.errors import DtypeError
 from einsummable.ir.dtypes import COMPLEX, INTS, real_of
-from einsummable.ir.expr import ONE, ZERO, Call, Const, Expr, call
+from einsummable.ir.expr import ONE, ZERO, Call, Const, Expr, Input, call, children, rebuild
 
 Weak = str | None  # None is a weakly typed real scalar (a constant or a run-time variable)
 Partials = Callable[[tuple[Expr, ...]], tuple[Expr, ...]]
@@ -32,6 +36,7 @@ class OpRule:
     infix: str | None = None
     precedence: int = 6
     commutative: bool = False
+    expansion: Callable[[tuple[Expr, ...]], Expr] | None = None  # a composite: the op in primitives
 
 
 def _unify(name: str, dts: tuple[Weak, ...]) -> Weak:
@@ -117,14 +122,46 @@ GELU_A = 0.044715
 GELU_2C = 2.0 * GELU_C
 
 
-def _gelu(a: np.ndarray) -> np.ndarray:
-    # The tanh approximation (GPT-2's "gelu_new"; numpy has no vectorised erf), written as
-    # x sigmoid(2u) = x / (1 + e^-2u), u = c (x + 0.044715 x^3): 0.5 x (1 + tanh u) cancels
-    # to 0 in the negative tail (f32 gelu(-5.25) is -1.57e-7, not -0), this keeps its
-    # relative accuracy; e^-2u overflows to inf far out, giving the limit -0 (-inf: NaN, as
-    # torch's).
-    with np.errstate(over="ignore", invalid="ignore"):
-        return a / (1.0 + np.exp(-(((a * a) * GELU_A + 1.0) * a * GELU_2C)))
+def _gelu(a: tuple[Expr, ...]) -> Expr:
+    """The tanh approximation (GPT-2's "gelu_new"), written as x sigmoid(2u) = x / (1 + e^-2u),
+    u = c (x + 0.044715 x^3): 0.5 x (1 + tanh u) cancels to 0 in the negative tail (f32
+    gelu(-5.25) is -1.57e-7, not -0), this keeps its relative accuracy; e^-2u overflows to inf
+    far out, giving the limit -0 (-inf: NaN, as torch's)."""
+    x = a[0]
+    z = _mul(_mul(call("add", _mul(_mul(x, x), Const(GELU_A)), ONE), x), Const(GELU_2C))  # 2u
+    return call("div", x, call("add", ONE, call("exp", _neg(z))))
+
+
+def _composite(expansion: Callable[[tuple[Expr, ...]], Expr], arity: int) -> Callable[..., object]:
+    """A composite op's value on numpy arrays: its expansion evaluated with the primitives' values
+    (past exp's range the limits come out of inf, so numpy is not to warn)."""
+    body = expansion(tuple(Input(k) for k in range(arity)))
+
+    def value(*args: object) -> object:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return _evaluate(body, args)
+
+    return value
+
+
+def _evaluate(e: Expr, args: tuple) -> object:
+    if isinstance(e, Input):
+        return args[e.index]
+    if isinstance(e, Const):
+        return e.value
+    assert isinstance(e, Call), e
+    return OPS[e.op].value(*(_evaluate(k, args) for k in e.args))
+
+
+def expand(e: Expr) -> Expr:
+    """``e`` with every composite op written out in primitives: what the kernel generators read."""
+    parts = children(e)
+    if not parts:
+        return e
+    new = tuple(expand(k) for k in parts)
+    if isinstance(e, Call) and OPS[e.op].expansion is not None:
+        return expand(OPS[e.op].expansion(new))
+    return e if new == parts else rebuild(e, new)
 
 
 def _neg(e: Expr) -> Expr:
@@ -194,7 +231,7 @@ _ops = [
           lambda a: (_mul(_sig(a[0]), call("add", ONE, _mul(a[0], _sub(ONE, _sig(a[0]))))),)),
     OpRule("relu", 1, lambda a: np.maximum(a, 0), _real_only,
           lambda a: (_indicator(call("gt", a[0], ZERO)),)),
-    OpRule("gelu", 1, _gelu, _real_float, lambda a: (_gelu_partial(a[0]),)),
+    OpRule("gelu", 1, _composite(_gelu, 1), _real_float, lambda a: (_gelu_partial(a[0]),), expansion=_gelu),
     # Ties send the whole gradient to the first operand.
     OpRule("min", 2, np.minimum, _real_only,
           lambda a: (_indicator(call("le", a[0], a[1])), _indicator(call("gt", a[0], a[1]))),

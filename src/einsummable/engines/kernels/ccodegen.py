@@ -33,7 +33,7 @@ from einsummable.ir import scalar
 from einsummable.ir.dtypes import INTS
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.expr import Call, Cast, Const, Expr, Input, Var, inputs_used, variables_used
-from einsummable.ir.scalar_ops import GELU_2C, GELU_A
+from einsummable.ir.scalar_ops import expand
 
 # storage type, compute type per dtype
 STORAGE = {"f32": "float", "f64": "double", "bf16": "uint16_t", "f16": "_Float16", "bool": "uint8_t",
@@ -116,7 +116,7 @@ class _Emitter:
         self.exp_args: list[str] = []  # "outside exp's fast range" test of each f64 exp's argument
 
     def root(self) -> str:
-        return self.emit(self.op.join)[0]
+        return self.emit(expand(self.op.join))[0]  # a composite op (gelu) as its primitives
 
     def temp(self, ctype: str, code: str) -> str:
         name = f"t{len(self.lines)}"
@@ -244,10 +244,6 @@ def _call(op: str, t: str, a: list[str]) -> str:
         return f"{a[0]} / one_plus_exp_neg_{t[0]}({a[0]})"
     if op == "relu":
         return f"NMAX({a[0]}, ({t})0.0)"
-    if op == "gelu":  # x / (1 + e^-2u): numpy's sequence of steps, each rounded to t
-        x = a[0]
-        z = f"(({t})((({x} * {x}) * ({t}){GELU_A.hex()} + {one}) * {x}) * ({t}){GELU_2C.hex()})"
-        return f"{x} / one_plus_exp_neg_{t[0]}({z})"
     if op == "max":
         return f"NMAX({a[0]}, {a[1]})"
     if op == "min":

@@ -21,7 +21,7 @@ import numpy as np
 from einsummable.ir.dtypes import HALF, to_numpy
 from einsummable.ir.expr import Cast, Const, Expr, Input, Var, children, inputs_used, variables_used
 from einsummable.ir.scalar import _variable, dtype_of, parse, result_dtype, simplify
-from einsummable.ir.scalar_ops import GELU_2C, GELU_A, is_call
+from einsummable.ir.scalar_ops import expand, is_call
 
 Kernel = Callable[..., None]  # writes the op's value into its first argument, an ``out`` buffer
 WIDE = np.dtype(np.float32)  # where half precision is computed and accumulated
@@ -47,7 +47,7 @@ class Compiled:
         self._steps: list[tuple] = []
         self._plans: dict[tuple, list[tuple[int, ...]]] = {}
         memo: dict[Expr, tuple] = {}
-        root = self.expr
+        root = expand(self.expr)  # a composite op (gelu) runs as its primitives' kernels
         # a final cast to the result's half type is the rounding the result gets anyway
         self._rounds = isinstance(root, Cast) and root.dtype in HALF and root.dtype == self.dtype
         self._root = self._lower(root.arg if self._rounds else root, memo)
@@ -218,17 +218,6 @@ def _silu(out: np.ndarray, a: np.ndarray) -> None:
     np.divide(a, out, out=out)
 
 
-def _gelu(out: np.ndarray, a: np.ndarray) -> None:
-    """x / (1 + e^-2u), u = c (x + 0.044715 x^3): ir/scalar_ops.py's form, step for step."""
-    np.multiply(a, a, out=out)
-    np.multiply(out, GELU_A, out=out)
-    np.add(out, 1.0, out=out)
-    np.multiply(out, a, out=out)
-    np.multiply(out, GELU_2C, out=out)
-    _one_plus_exp_neg(out, out)
-    np.divide(a, out, out=out)
-
-
 def _rsqrt(out: np.ndarray, a: np.ndarray) -> None:
     np.sqrt(a, out=out)
     np.reciprocal(out, out=out)
@@ -300,7 +289,6 @@ KERNELS: dict[str, tuple[Kernel, bool]] = _INPLACE | {
     "sigmoid": (_sigmoid, True),
     "silu": (_silu, False),
     "relu": (_relu, True),
-    "gelu": (_gelu, False),
     "where": (_where_kernel, False),
     "stop_gradient": (_copy, True),
     "real": (_real, True),
