@@ -6,12 +6,14 @@ import pytest
 from einsummable.engines.kernels.interpret import KERNELS
 from einsummable.ir.scalar_ops import OPS
 
-
-def test_every_op_has_a_kernel_and_no_kernel_lacks_an_op():
-    assert set(KERNELS) == set(OPS)
+PRIMITIVES = sorted(name for name, rule in OPS.items() if rule.expansion is None)  # gelu: its expansion's
 
 
-@pytest.mark.parametrize("name", sorted(OPS))
+def test_every_primitive_has_a_kernel_and_no_kernel_lacks_one():
+    assert set(KERNELS) == set(PRIMITIVES)
+
+
+@pytest.mark.parametrize("name", PRIMITIVES)
 def test_kernel_writes_the_value_the_op_table_folds(name):
     rule = OPS[name]
     rng = np.random.default_rng(0)

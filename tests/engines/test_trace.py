@@ -59,8 +59,8 @@ def test_the_simulator_traces_the_predicted_timeline_and_a_gantt_chart(tmp_path)
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_only_the_local_engine_measures_a_trace(tmp_path):
+def test_only_the_local_and_ray_engines_measure_a_trace(tmp_path):
     g = mlp_train(batch=64, d=32, hidden=48, out=16)
     prog = es.compile(g, engine="reference")
-    with pytest.raises(EinsummableError, match="local engine"):
+    with pytest.raises(EinsummableError, match="local or Ray engine"):
         prog.run(_feeds(np.random.default_rng(0)), trace=tmp_path / "t.json")
