@@ -10,17 +10,15 @@ from typing import Protocol
 
 import numpy as np
 
-from einsummable.engines import local, reference, sequential, storage
+from einsummable.engines import donation, local, reference, sequential, storage
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks
-from einsummable.engines.donation import GivenUp
-from einsummable.engines.feeds import check_feeds, check_inputs
+from einsummable.engines.feeds import FeedCheck, check_inputs
 from einsummable.engines.interop import convert
 from einsummable.engines.simulator import simulate as simulator
 from einsummable.errors import EinsummableError, EngineError, FeedError, PlanError
 from einsummable.frontend.tensor import Graph
 from einsummable.hardware.cluster import Cluster
-from einsummable.ir.box import whole
 from einsummable.ir.dtypes import canonical
 from einsummable.ir.fuse import fuse
 from einsummable.ir.graph import EinGraph, InputNode
@@ -60,6 +58,7 @@ class Program:
         self._taskgraph = taskgraph
         self.executor = executor
         self.variables = graph.variables()
+        self._check = FeedCheck(graph, variables=self.variables)
 
     @property
     def taskgraph(self) -> TaskGraph | None:
@@ -84,7 +83,7 @@ class Program:
         ``trace="t.json"`` (local and Ray engines): also write each task's measured start and end per
         worker, as a Chrome trace (Perfetto, chrome://tracing), or a Gantt chart for ``*.png``.
         """
-        arrays, variables = check_feeds(self.graph, feeds, variables=self.variables)
+        arrays, variables = self._check(feeds)
         if trace is None:
             return convert(self.execute(arrays, variables), like)
         if self.engine not in TRACED:
@@ -111,7 +110,7 @@ class Program:
         if self.taskgraph is None or self.plan is None:
             raise EinsummableError(f"the {self.engine} engine runs the graph whole: no TaskGraph to simulate")
         if feeds is not None:
-            check_feeds(self.graph, feeds, variables=self.variables)
+            self._check(feeds)
         sim = simulator.run(self.taskgraph, cluster or self.plan.cluster)
         if trace is not None:
             events, lanes = timeline.task_events(self.taskgraph, sim.timeline)
@@ -179,6 +178,7 @@ class Session:
         if unknown:
             raise FeedError(f"cannot keep {unknown}: not outputs; the outputs are {sorted(graph.outputs)}")
         self._keep = frozenset(keep)
+        self._check: FeedCheck | None = None
         if isinstance(state, Session):
             self._resident = state._resident
         else:
@@ -215,9 +215,13 @@ class Session:
         unknown = sorted(set(wanted) - set(outputs))
         if unknown:
             raise FeedError(f"cannot fetch {unknown}; the outputs are {sorted(outputs)}")
-        arrays, variables = check_feeds(self.program.graph, feeds, resident=frozenset(resident),
-                                        variables=self.program.variables)
-        given = _given_up(self.program, state, resident, carry)
+        names = frozenset(resident)
+        if self._check is None or self._check.resident != names:  # signature: one per resident set
+            self._check = FeedCheck(self.program.graph, names, self.program.variables)
+        arrays, variables = self._check(feeds)
+        executor = self.program.executor  # other engines keep their blocks as they are
+        given = (donation.given_up(state, resident, carry, executor.reads, executor.unchanged)
+                 if isinstance(executor, local.LocalProgram) else {})
         for name in given:  # the run owns them now: nothing else may hold them
             state[name] = _Lost()
             del resident[name]
@@ -269,37 +273,6 @@ def _check_resident(resident: Mapping[str, object], inputs: Mapping[str, InputNo
                             f"input {name!r} is {node.dtype}{list(node.shape)}")
 
 
-def _given_up(program: Program, state: Mapping[str, object], resident: Mapping[str, object],
-              carry: frozenset[str]) -> dict[str, GivenUp]:
-    """The resident inputs of a local run that it replaces and whose blocks no other resident
-    tensor shares (as the same array or a view of it): dead once read. Nothing outside holds
-    them: ``put`` copies in, ``state`` and fetches copy out. Other engines keep their blocks
-    as they are."""
-    executor = program.executor
-    if not isinstance(executor, local.LocalProgram):
-        return {}
-    wanted = [name for name in resident if name in carry]
-    if not wanted:
-        return {}
-    holders: dict[int, set[str]] = {}
-    for name, value in state.items():
-        for array in _arrays(value):
-            holders.setdefault(_root(array), set()).add(name)
-    return {name: GivenUp(_as_blocks(resident[name]), executor.reads[name]) for name in wanted
-            if all(holders[_root(a)] == {name} for a in _arrays(resident[name]))}
-
-
-def _arrays(value: object) -> list[object]:
-    return list(value.blocks.values()) if isinstance(value, Blocks) else [value]
-
-
-def _as_blocks(value: object) -> Blocks:
-    if isinstance(value, Blocks):
-        return value
-    array = np.asarray(value)
-    return Blocks(array.shape, canonical(array.dtype), {whole(array.shape): array})
-
-
 class _Lost:
     """A resident tensor given up to a run that did not finish (it may be part-updated)."""
 
@@ -309,13 +282,6 @@ def _check_not_lost(state: Mapping[str, object]) -> None:
     if lost:
         raise EngineError(f"resident tensors {lost} were given up to a run that failed part-way and "
                           "may be part-updated; put them again (from a checkpoint) to go on")
-
-
-def _root(array: object) -> int:
-    """The identity of the array that owns ``array``'s memory (``array`` itself unless a view)."""
-    while isinstance(array, np.ndarray) and array.base is not None:
-        array = array.base
-    return id(array)
 
 
 def _as_array(value: object) -> np.ndarray:

@@ -44,6 +44,10 @@ def check_feeds(
             continue
         arrays[name] = _check_array(name, node, feeds[name])
     _check_class_ids(graph, arrays)
+    return arrays, _numbers(feeds, variables)
+
+
+def _numbers(feeds: Mapping[str, object], variables: set[str]) -> dict[str, float]:
     values: dict[str, float] = {}
     for name in variables:
         value = feeds[name]
@@ -56,7 +60,37 @@ def check_feeds(
                 f"run-time variable {name!r} is {_digits(value)}, too large for a float "
                 "(the largest is about 1.8e308)"
             ) from None
-    return arrays, values
+    return values
+
+
+class FeedCheck:
+    """``check_feeds`` for one graph and one set of resident inputs, its signature derived once
+    (each fed input's name, shape and dtype): feeds that match it, numpy arrays under the same
+    names (every run of a loop), pass with one comparison of the names and one per array; any
+    others go through ``check_feeds``, which converts them or says what is wrong. Class ids
+    and run-time variables are values: checked every run."""
+
+    def __init__(self, graph: EinGraph, resident: frozenset[str] = frozenset(),
+                 variables: set[str] | None = None) -> None:
+        self.graph, self.resident = graph, resident
+        self.variables = graph.variables() if variables is None else variables
+        fed = [n for n in graph.nodes if isinstance(n, InputNode) and n.name not in resident]
+        self._names = {n.name for n in fed} | self.variables
+        self._signature = [(n.name, n.shape, to_numpy(n.dtype)) for n in fed]
+        self._ids = [ids for ids in graph.class_ids if ids.input in self._names]
+
+    def __call__(self, feeds: Mapping[str, object]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        if type(feeds) is not dict or feeds.keys() != self._names:
+            return check_feeds(self.graph, feeds, self.resident, self.variables)
+        arrays: dict[str, np.ndarray] = {}
+        for name, shape, dtype in self._signature:
+            value = feeds[name]
+            if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
+                return check_feeds(self.graph, feeds, self.resident, self.variables)
+            arrays[name] = value
+        for ids in self._ids:
+            check_class_ids(f"input {ids.input!r}", arrays[ids.input], ids.classes, ids.use, ids.box)
+        return arrays, _numbers(feeds, self.variables)
 
 
 def _digits(value: object) -> str:
@@ -77,12 +111,23 @@ def check_inputs(graph: EinGraph, arrays: Mapping[str, object]) -> dict[str, np.
     return checked
 
 
+SMALL = 256  # elements: a region this small is checked in Python, where a ufunc call costs more
+
+
 def check_class_ids(what: str, values: np.ndarray, classes: int, use: str,
                     box: tuple[tuple[int, int], ...] | None = None) -> None:
     """Refuse any value of ``values`` (within ``box``) that is not an integer in [0, classes),
     naming the first by value and position."""
     box = box or tuple((0, n) for n in values.shape)
     region = np.asarray(values)[tuple(slice(lo, hi) for lo, hi in box)]
+    if region.dtype.kind in "iu" and region.size:  # integers: in range when their extremes are
+        if region.size <= SMALL:  # a decode step's ids: Python's min and max cost less than a ufunc call
+            flat = region.ravel().tolist()
+            lo, hi = min(flat), max(flat)
+        else:
+            lo, hi = region.min(), region.max()
+        if lo >= 0 and hi < classes:
+            return
     if region.dtype.kind not in "iub":
         region = region.astype(np.float64)
     bad = ~((region >= 0) & (region < classes) & (region == np.floor(region)))

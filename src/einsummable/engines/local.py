@@ -19,12 +19,14 @@ the blocks a session gives up to a run that replaces them, by the tasks marked t
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import itertools
 import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -97,11 +99,23 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def blas_limit(workers: int, cores: int | None = None):
+@contextlib.contextmanager
+def blas_limit(workers: int, cores: int | None = None) -> Iterator[None]:
     """Hold BLAS, while ``workers`` run in this process, to all its ``cores`` (default: those it
     may run on) for a lone worker, else to one thread: several workers asking OpenBLAS for
-    threads at once would queue on its one pool. The simulator's ``Cluster.blas_threads``."""
-    return _blas().limit(limits=(cores or _cores()) if workers == 1 else 1, user_api="blas")
+    threads at once would queue on its one pool. The simulator's ``Cluster.blas_threads``.
+    Only a count that differs is set, and set back: threadpoolctl's ``limit`` reads every
+    library's full description first (~20 us, a run of a decode step's every time)."""
+    want = (cores or _cores()) if workers == 1 else 1
+    changed = [(lib, n) for lib in _blas().lib_controllers if lib.user_api == "blas"
+               and (n := lib.get_num_threads()) != want]
+    for lib, _ in changed:
+        lib.set_num_threads(want)
+    try:
+        yield
+    finally:
+        for lib, n in changed:
+            lib.set_num_threads(n)
 
 
 def _input(task: InputTask):
@@ -243,33 +257,36 @@ def task_cost(task) -> float:
 
 
 class _Ticker:
-    """Progress on a terminal, once a run has taken a couple of seconds."""
+    """Progress on a terminal, once a run has taken a couple of seconds (made only for a
+    terminal: elsewhere a run calls nothing per task)."""
 
     def __init__(self, total: int) -> None:
         self.total = total
         self.start = time.perf_counter()
+        self.due = self.start + SHOW_PROGRESS_AFTER  # nothing to draw before then
         self.bar: Progress | None = None
-        self.last = 0.0
         self.count = 0
-        self.tty = sys.stderr.isatty()
 
     def __call__(self, i: int) -> None:
         self.count += 1
-        if not self.tty:
-            return
         now = time.perf_counter()
-        if now - self.start < SHOW_PROGRESS_AFTER or now - self.last < 0.1:
+        if now < self.due:
             return
         if self.bar is None:
             self.bar = Progress(self.total, "run", unit="task")
             self.bar.start = self.start
         self.bar.update(self.count - self.bar.done)
-        self.last = now
+        self.due = now + 0.1
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.update(self.count - self.bar.done)
             self.bar.__exit__()
+
+
+def _reads(task, name: str, box) -> bool:
+    """Whether ``task`` is the input task reading block ``box`` of feed ``name``."""
+    return isinstance(task, InputTask) and task.name == name and task.box == box
 
 
 class LocalProgram:
@@ -288,6 +305,9 @@ class LocalProgram:
         self.inputs = [t.inputs for t in tasks]
         self.steps = [PREPARE[type(t)](t) for t in tasks]
         self.rank = priority.ranks(self.inputs, [task_cost(t) for t in tasks], tg.order)
+        self.schedule = scheduler.Schedule(self.inputs, location=self.location, workers=tg.workers,
+                                           keep=self.keep, rank=self.rank,
+                                           window=priority.window(tg.order, tg.workers))
         # where(c, x, a block a session run gives up): stored in place (donation.py)
         self.donors = donation.prepare(tg, self.steps)
         if tg.stored:
@@ -296,6 +316,11 @@ class LocalProgram:
         for t in tasks:
             if isinstance(t, InputTask):
                 self.reads.setdefault(t.name, collections.Counter())[t.box] += 1
+        # the outputs that are their input's blocks handed back as they lie (weights a decode step
+        # outputs unchanged, to keep them in its partition): a session gives them up for nothing
+        self.unchanged = {name: frozenset(box for _, box in out.blocks) for name, out in tg.outputs.items()
+                          if name not in tg.stored
+                          and all(_reads(tasks[t], name, box) for t, box in out.blocks)}
         native.flush()  # the compiled kernels, built together, at prepare
 
     def _offload(self, tg: TaskGraph) -> None:
@@ -323,30 +348,29 @@ class LocalProgram:
         """
         variables = variables or {}
         tasks, steps = self.tg.tasks, donation.swap(self.steps, self.donors, feeds)
-        ticker = _Ticker(len(tasks))
+        ticker = _Ticker(len(tasks)) if sys.stderr.isatty() else None
         times = np.zeros((len(tasks), 2)) if trace is not None else None
         if times is not None:
             steps, origin = [_timed(step, times, i) for i, step in enumerate(steps)], time.perf_counter()
         with blas_limit(self.tg.workers):
             try:
-                values = scheduler.run(
-                    self.inputs, lambda i, args: steps[i](args, feeds, variables), location=self.location,
-                    workers=self.tg.workers, keep=self.keep, rank=self.rank,
-                    describe=lambda i: tasks[i].describe(), on_done=ticker,
-                    window=priority.window(self.tg.order, self.tg.workers),
-                )
+                values = self.schedule.run(lambda i, args: steps[i](args, feeds, variables),
+                                           describe=lambda i: tasks[i].describe(), on_done=ticker)
             finally:
-                ticker.close()
+                if ticker is not None:
+                    ticker.close()
         if times is not None:
             events, lanes = timeline.task_events(self.tg, times - origin, measured=True)
             title = f"measured: {len(tasks):,} tasks on {self.tg.workers} worker(s)"
             timeline.write(events, trace, lanes, title)
         result: dict[str, np.ndarray | Blocks] = {}
         for name, out in self.tg.outputs.items():
-            if name in carry:
-                result[name] = Blocks(out.shape, out.dtype, {box: values[t] for t, box in out.blocks})
-            else:
+            if name not in carry:
                 result[name] = assemble(out, values)
+            elif type(fed := feeds.get(name)) is Blocks and fed.blocks.keys() == self.unchanged.get(name):
+                result[name] = fed  # handed back as it lies: the very blocks it was fed
+            else:
+                result[name] = Blocks(out.shape, out.dtype, {box: values[t] for t, box in out.blocks})
         return result
 
 
