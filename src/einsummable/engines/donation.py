@@ -120,7 +120,7 @@ def given_up(state: Mapping[str, object], resident: Mapping[str, object], carry:
         return {}
     owner: dict[int, str | None] = {}  # each array's memory by the one tensor holding it, None for several
     for name, value in state.items():
-        for array in value.blocks.values() if isinstance(value, Blocks) else (value,):
+        for array in _arrays(value):
             root = _root(array)
             owner[root] = name if owner.get(root, name) == name else None
     return {name: GivenUp(_as_blocks(resident[name]), reads[name]) for name in wanted

@@ -235,18 +235,6 @@ PREPARE = {
 }
 
 
-def _timed(step, times: np.ndarray, i: int):
-    """``step`` that also writes its start and end (perf_counter seconds) into ``times[i]``."""
-
-    def run(args, feeds, variables):
-        times[i, 0] = time.perf_counter()
-        out = step(args, feeds, variables)
-        times[i, 1] = time.perf_counter()
-        return out
-
-    return run
-
-
 def task_cost(task) -> float:
     """A task's estimated work, for ranking ready tasks by critical path."""
     if isinstance(task, ApplyTask):
@@ -349,13 +337,16 @@ class LocalProgram:
         variables = variables or {}
         tasks, steps = self.tg.tasks, donation.swap(self.steps, self.donors, feeds)
         ticker = _Ticker(len(tasks)) if sys.stderr.isatty() else None
+
+        def execute(i: int, args: list) -> object:
+            return steps[i](args, feeds, variables)
+
         times = np.zeros((len(tasks), 2)) if trace is not None else None
         if times is not None:
-            steps, origin = [_timed(step, times, i) for i, step in enumerate(steps)], time.perf_counter()
+            execute, origin = timeline.timed(execute, times), time.perf_counter()
         with blas_limit(self.tg.workers):
             try:
-                values = self.schedule.run(lambda i, args: steps[i](args, feeds, variables),
-                                           describe=lambda i: tasks[i].describe(), on_done=ticker)
+                values = self.schedule.run(execute, describe=lambda i: tasks[i].describe(), on_done=ticker)
             finally:
                 if ticker is not None:
                     ticker.close()

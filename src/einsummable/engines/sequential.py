@@ -95,13 +95,11 @@ def run(tg: TaskGraph, feeds: dict[str, np.ndarray], variables: dict[str, float]
     origin = time.perf_counter()
 
     def step(t: int, args: list) -> np.ndarray:
-        times[t, 0] = time.perf_counter()
-        out = EXEC[type(tasks[t])](tasks[t], args, feeds, variables)
-        times[t, 1] = time.perf_counter()
-        return out
+        return EXEC[type(tasks[t])](tasks[t], args, feeds, variables)
 
     values = scheduler.run_in_order(
-        [t.inputs for t in tasks], step, keep={t for out in tg.outputs.values() for t, _ in out.blocks},
+        [t.inputs for t in tasks], timeline.timed(step, times),
+        keep={t for out in tg.outputs.values() for t, _ in out.blocks},
         describe=lambda t: tasks[t].describe(),
     )
     if trace is not None:
