@@ -48,6 +48,8 @@ LAZY = {
         "Cluster.measure times a join's nodes as the compiled kernels run them (calibrate.node_cost)",
     ("einsummable.hardware.calibrate", "einsummable.engines.ray_nodes"):
         "calibrate.ray_link measures machines 0 and 1 as the Ray engine orders its nodes",
+    ("einsummable.hardware.calibrate", "einsummable.engines.gpu"):
+        "Cluster.gpus(measure=True) times the GPU engine's own cost per task (calibrate.gpu_dispatch)",
     ("einsummable.hardware.calibrate", "einsummable.engines.local"):
         "Cluster.measure times the local engine's own cost per task (calibrate.dispatch)",
     ("einsummable.hardware.calibrate", "einsummable.engines.storage"):

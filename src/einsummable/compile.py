@@ -328,15 +328,16 @@ def _ray(graph: EinGraph, tg: TaskGraph | None, address: str | None = None,
     return RayProgram(two_level(*machine_shares(plan)) if tg is None else tg, address)
 
 
-def _gpu(graph: EinGraph, tg: TaskGraph | None) -> Executor:
-    """Blocks as torch tensors on a CUDA device (torch's CPU device without one)."""
+def _gpu(graph: EinGraph, tg: TaskGraph | None, machines: int = 1) -> Executor:
+    """Blocks as torch tensors on CUDA devices, ``cuda:m`` for machine m (torch's CPU device
+    without CUDA)."""
     try:  # torch is an optional extra: import it only when asked for
         from einsummable.engines.gpu import GpuProgram
     except ModuleNotFoundError as err:
         if err.name != "torch":
             raise
         raise EinsummableError("engine='gpu' needs torch: pip install torch (and triton on Linux)") from err
-    return GpuProgram(tg)
+    return GpuProgram(tg, machines=machines)
 
 
 def _simulate(graph: EinGraph, tg: TaskGraph | None) -> None:
@@ -364,7 +365,11 @@ TRACED = {"local", "ray"}  # engines whose run takes trace=: they measure each t
 DEFAULT_ENGINE = "local"
 
 
-def _cluster(workers: int | None, cluster: Cluster | None) -> Cluster:
+def _cluster(workers: int | None, cluster: Cluster | None, engine: str) -> Cluster:
+    """The hardware to plan for: ``cluster``, else ``workers`` cores of this machine, else all
+    of its cores (all its GPUs for ``engine="gpu"``: ``Cluster.gpus()``)."""
+    if cluster is None and workers is None and engine == "gpu":
+        return Cluster.gpus()
     if cluster is not None:
         if not isinstance(cluster, Cluster):
             raise PlanError(f"cluster must be an es.Cluster, got {type(cluster).__name__}")
@@ -398,8 +403,10 @@ def compile(
         raise EinsummableError(f"unknown engine {engine!r}; expected one of {sorted(ENGINES)}")
     if address is not None and engine != "ray":
         raise EinsummableError(f"address= is for engine='ray', not engine={engine!r}")
-    options = {"address": address} if address is not None else {}
-    hardware = _cluster(workers, cluster)
+    options: dict[str, object] = {"address": address} if address is not None else {}
+    hardware = _cluster(workers, cluster, engine)
+    if engine == "gpu":
+        options["machines"] = hardware.machines  # machine m runs on cuda:m
     if engine in WHOLE:
         return Program(ir, engine, ENGINES[engine](ir, None))
     plan = make_plan(fuse(ir), hardware, planner)  # the oracle, above, runs the graph unfused

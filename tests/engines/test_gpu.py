@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import random
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -299,3 +300,103 @@ def test_on_cuda_a_bf16_gemm_stays_bf16():
     want = reference.run(g.ir, feeds)["y"].astype(np.float32)
     np.testing.assert_allclose(out["y"].float().cpu().numpy(), want, rtol=2e-2, atol=5e-2)
 
+
+
+# ----------------------------------------------------------------- GPUs as machines
+
+def test_a_gpu_cluster_is_machines_of_one_worker_with_their_memory():
+    from einsummable.errors import PlanError
+    from einsummable.hardware.calibrate import physical_memory
+
+    c = es.Cluster.gpus()
+    assert c.cores == 1 and c.machines == (torch.cuda.device_count() if HAS_CUDA else 1)
+    want = torch.cuda.get_device_properties(0).total_memory if HAS_CUDA else physical_memory()
+    assert c.memory_per_machine == want
+    if not HAS_CUDA:
+        assert es.Cluster.gpus(3).workers == 3  # torch's CPU device, three times: the test path
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(PlanError, match="count"):
+            es.Cluster.gpus(bad)
+
+
+def test_a_measured_gpu_cluster_times_the_device():
+    c = es.Cluster.gpus(measure=True)
+    # a GEMM reuses each element n times; an elementwise pass touches each once
+    assert c.flops_per_core > 3 * c.elementwise_flops_per_core > 0
+    assert c.copy_bandwidth == c.bandwidth_within > 0
+    assert 0 < c.task_overhead == c.gil_seconds < 0.01  # one host thread issues every device's tasks
+
+
+def test_workers_map_to_their_machines_devices(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    devices = gpu.machine_devices(2)
+    assert [str(d) for d in gpu.worker_devices(4, devices)] == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
+    with pytest.raises(EngineError, match="3 GPUs .* torch sees 2"):
+        gpu.machine_devices(3)
+    with pytest.raises(EngineError, match="3 workers do not split evenly over 2 devices"):
+        gpu.worker_devices(3, devices)
+
+
+def across(tg, prog) -> int:
+    """Moves the program runs as copies between devices."""
+    return sum(isinstance(t, tgm.MoveTask) and prog.devices[t.src] != prog.devices[t.loc] for t in tg.tasks)
+
+
+# "cpu" and "cpu:0" are two devices to torch: a block moved between them is copied, as between GPUs
+TWO_CPUS = ["cpu", "cpu:0"]
+
+
+@FEW
+@given(seed=st.integers(0, 2**32 - 1), cores=st.sampled_from([1, 2]))
+def test_random_graphs_over_two_devices_match_reference(seed, cores):
+    rng = random.Random(seed)
+    g, feeds = random_graph(rng, n_ops=rng.randint(1, 10))
+    plan = build(g.ir, Cluster(machines=2, cores=cores), random_partitions(g.ir, rng))
+    tg = lower(plan)
+    with interpreting("torch"):
+        prog = gpu.GpuProgram(tg, TWO_CPUS)
+        got = prog.run(feeds)
+    assert [str(d) for d in prog.devices] == [d for d in TWO_CPUS for _ in range(cores)]
+    close(got, reference.run(plan.graph, feeds), rtol=2e-4, atol=2e-4)
+
+
+def test_a_llama_step_planned_for_two_gpus_copies_between_them_and_matches_reference():
+    from einsummable.models.llama import model as llama
+    from einsummable.models.llama.config import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    g, p, loss = llama.loss_graph(cfg, 4, 8)
+    step = es.train.adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
+    params = llama.init_params(cfg, seed=0)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (4, 9)).astype(np.int64)
+    arrays, variables = check_feeds(g.ir, params | step.init_state(params) | {"tokens": tokens, "lr": 3e-3},
+                                    variables=g.ir.variables())
+    cluster = replace(es.Cluster.gpus(1), machines=2, min_block_seconds=0)  # two GPUs' plan
+    tg = es.compile(g, cluster=cluster, engine="simulate").taskgraph
+    with interpreting("torch"):
+        prog = gpu.GpuProgram(tg, TWO_CPUS)
+        got = prog.run(arrays, variables)
+    assert across(tg, prog) > 0  # the plan splits the step over both devices
+    close(got, reference.run(g.ir, arrays, variables), rtol=1e-3, atol=1e-4)
+
+
+def test_compile_for_engine_gpu_plans_for_the_gpus():
+    g, feeds = _small()
+    prog = es.compile(g, engine="gpu")
+    assert prog.plan.cluster == es.Cluster.gpus()
+    want = np.maximum(feeds["x"] @ feeds["w"], 0)
+    np.testing.assert_allclose(prog.run(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+    two = es.compile(g, engine="gpu", cluster=replace(es.Cluster.gpus(1), machines=2))
+    assert len(set(two.executor.devices)) == (2 if HAS_CUDA and torch.cuda.device_count() >= 2 else 1)
+
+
+@pytest.mark.skipif(not HAS_CUDA or torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("seed", range(3))
+def test_on_two_gpus_random_graphs_match_reference(seed):
+    rng = random.Random(seed)
+    g, feeds = random_graph(rng, n_ops=8)
+    plan = build(g.ir, Cluster(machines=2, cores=2), random_partitions(g.ir, rng))
+    close(gpu.GpuProgram(lower(plan), machines=2).run(feeds), reference.run(plan.graph, feeds),
+          rtol=2e-4, atol=2e-4)

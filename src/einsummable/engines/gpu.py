@@ -1,9 +1,15 @@
-"""The GPU engine: a TaskGraph run with its blocks as torch tensors on one device.
+"""The GPU engine: a TaskGraph run with its blocks as torch tensors on CUDA devices.
 
-Inputs: a validated TaskGraph, feeds (numpy arrays, or torch tensors already on the device)
+Inputs: a validated TaskGraph, feeds (numpy arrays, or torch tensors already on a device)
 and run-time variables. Output: ``{name: ndarray}`` (``run``) or ``{name: torch.Tensor}`` on
-the device (``run_tensors``, so a training loop keeps its state there). The device is
-``"cuda"`` where torch sees one, else torch's CPU device, where the same engine is tested.
+the first device (``run_tensors``, so a training loop keeps its state there).
+
+Devices: a cluster's machines are GPUs (``Cluster.gpus``): machine m is ``cuda:m`` and its
+cores share it, one stream each (``machine_devices``; worker w is on machine
+``w // (workers // machines)``, as the planner numbers them). Without CUDA every machine is
+torch's CPU device, where the same engine is tested. An input block is sliced where its feed
+is and copied to its worker's device; a move between devices is a device-to-device copy, one
+on a device a view.
 
 Kernels (engines/kernels/triton.py, chosen once per block op): contractions as ``torch.einsum``
 (cuBLAS), equality gathers as torch indexing, every other join as a Triton kernel generated
@@ -13,21 +19,25 @@ forces it on or off. bf16 and f16 blocks stay half on the device, computed in f3
 
 Policy: one host thread issues the tasks in id order (the sequential loop,
 ``scheduler.run_in_order``, which frees each block after its last reader through torch's
-caching allocator). On CUDA with several workers, worker w's tasks go to its own stream;
-a task reading a block made on another stream waits on that task's event, and the block
-is recorded on the reading stream so its memory is not reused early. On the CPU the tasks
-simply run in order. A failing task raises ``EngineError`` naming it (``task.describe()``).
+caching allocator). On CUDA with several workers, worker w's tasks go to its own stream on
+its device; a task reading a block made on another stream waits on that task's event, and
+the block is recorded on the reading stream so its memory is not reused early. A copy from
+another device runs on that device's current stream (torch's rule), so that stream waits
+for the block's event too. On the CPU the tasks simply run in order. A failing task raises
+``EngineError`` naming it (``task.describe()``).
 
-    prog = GpuProgram(es.compile(g, engine="simulate").taskgraph)
+    prog = es.compile(g, engine="gpu")           # Cluster.gpus(): every visible GPU
     prog.run({"x": X})                           # {"y": ndarray}
+    GpuProgram(taskgraph, "cuda:0")              # a TaskGraph's workers as streams on one GPU
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -64,16 +74,40 @@ def triton_mode(device: torch.device) -> str | None:
     return "cuda" if device.type == "cuda" else None
 
 
-def to_device(a: object, device: torch.device) -> torch.Tensor:
-    """A feed as a tensor on ``device``: a torch tensor there is used as it is (never written)."""
+def machine_devices(machines: int) -> list[torch.device]:
+    """The device of each of a cluster's machines: ``cuda:m`` for machine m where torch sees
+    CUDA (EngineError if there are fewer GPUs than machines), else torch's CPU device for all."""
+    if not torch.cuda.is_available():
+        return [torch.device("cpu")] * machines
+    count = torch.cuda.device_count()
+    if machines > count:
+        raise EngineError(f"the plan is for {machines} GPUs (machines), but torch sees {count}: "
+                          f"plan for es.Cluster.gpus({count}) or fewer")
+    return [torch.device("cuda", m) for m in range(machines)]
+
+
+def worker_devices(workers: int, devices: Sequence[torch.device]) -> list[torch.device]:
+    """Each worker's device: the machines' devices in turn, ``workers // len(devices)`` each."""
+    if workers % len(devices):
+        raise EngineError(f"{workers} workers do not split evenly over {len(devices)} devices")
+    per = workers // len(devices)
+    return [devices[w // per] for w in range(workers)]
+
+
+def as_tensor(a: object) -> torch.Tensor:
+    """A feed as a tensor where it is: a torch tensor as it is (never written), a numpy array
+    as a host tensor sharing its memory (blocks are sliced from it, then copied to a device)."""
     if isinstance(a, torch.Tensor):
-        return a.to(device)
+        return a
     a = np.ascontiguousarray(a).reshape(np.shape(a))  # (ascontiguousarray makes a 0-d array 1-d)
     if a.dtype == to_numpy("bf16"):
-        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    else:
-        t = torch.from_numpy(a if a.flags.writeable else a.copy())
-    return t.to(device)
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a if a.flags.writeable else a.copy())
+
+
+def to_device(a: object, device: torch.device) -> torch.Tensor:
+    """A feed as a tensor on ``device`` (a training loop's state, uploaded once)."""
+    return as_tensor(a).to(device)
 
 
 def to_host(t: torch.Tensor, dtype: str) -> np.ndarray:
@@ -107,15 +141,16 @@ def fill(kind: FillKind, dtype: str, box, device: torch.device) -> torch.Tensor:
 # ----------------------------------------------------------------- one step per task kind
 
 def _input(task: InputTask, prog: GpuProgram):
-    box = slices(task.box)
-    return lambda args, feeds, variables: feeds[task.name][box]
+    box, device = slices(task.box), prog.devices[task.loc]
+    return lambda args, feeds, variables: feeds[task.name][box].to(device)
 
 
 def _constant(task: ConstantTask, prog: GpuProgram):
+    device = prog.devices[task.loc]
     if math.prod(task.shape) <= SMALL_FILL:
-        block = fill(task.kind, task.dtype, task.box, prog.device)
+        block = fill(task.kind, task.dtype, task.box, device)
         return lambda args, feeds, variables: block
-    return lambda args, feeds, variables: fill(task.kind, task.dtype, task.box, prog.device)
+    return lambda args, feeds, variables: fill(task.kind, task.dtype, task.box, device)
 
 
 def _apply(task: ApplyTask, prog: GpuProgram):
@@ -124,15 +159,17 @@ def _apply(task: ApplyTask, prog: GpuProgram):
 
 
 def _move(task: MoveTask, prog: GpuProgram):
-    box = slices(task.box)
-    return lambda args, feeds, variables: args[0][box]  # one device: a view is the move
+    box, device = slices(task.box), prog.devices[task.loc]
+    if prog.devices[task.src] == device:
+        return lambda args, feeds, variables: args[0][box]  # on one device a view is the move
+    return lambda args, feeds, variables: args[0][box].to(device)
 
 
 REDUCE_INTO = {"add": torch.add, "mul": torch.mul, "min": torch.minimum, "max": torch.maximum}
 
 
 def _partial(task: PartialTask, prog: GpuProgram):
-    full, dtype = whole(task.shape), TORCH[task.dtype]
+    full, dtype, device = whole(task.shape), TORCH[task.dtype], prog.devices[task.loc]
     pieces = [(p.input, slices(p.src), slices(p.dst_box), p.dst_box == full) for p in task.pieces]
     reduce = REDUCE_INTO[task.agg] if task.agg else None
     if pieces and all(w for *_, w in pieces):  # partial sums of whole blocks: accumulate in place
@@ -149,8 +186,8 @@ def _partial(task: PartialTask, prog: GpuProgram):
         return accumulate
 
     def assemble(args, feeds, variables):
-        out = torch.full(task.shape, task.pad, dtype=dtype, device=prog.device)
-        written = torch.zeros(task.shape, dtype=torch.bool, device=prog.device) if reduce else None
+        out = torch.full(task.shape, task.pad, dtype=dtype, device=device)
+        written = torch.zeros(task.shape, dtype=torch.bool, device=device) if reduce else None
         for k, src, dst, _ in pieces:
             piece = args[k][src]
             if written is None:
@@ -200,10 +237,10 @@ PREPARE = {
 # ----------------------------------------------------------------- streams
 
 class _Streams:
-    """One CUDA stream per worker; events only where a block crosses streams."""
+    """One CUDA stream per worker, on its device; events only where a block crosses streams."""
 
-    def __init__(self, tg: TaskGraph, device: torch.device) -> None:
-        self.streams = [torch.cuda.Stream(device=device) for _ in range(tg.workers)]
+    def __init__(self, tg: TaskGraph, devices: Sequence[torch.device]) -> None:
+        self.streams = [torch.cuda.Stream(device=d) for d in devices]
         self.lane = [task.loc % tg.workers for task in tg.tasks]
         self.crosses = [False] * len(tg.tasks)  # read on another stream: record an event
         for t, task in enumerate(tg.tasks):
@@ -213,9 +250,9 @@ class _Streams:
         self.events: dict[int, torch.cuda.Event] = {}
 
     def start(self) -> None:
-        """Every worker stream waits for the feeds' uploads on the current stream."""
+        """Every worker stream waits for what its device's current stream has queued (feeds)."""
         for s in self.streams:
-            s.wait_stream(torch.cuda.current_stream())
+            s.wait_stream(torch.cuda.current_stream(s.device))
         self.events.clear()
 
     def run(self, i: int, inputs: tuple[int, ...], args: list, step):
@@ -223,8 +260,14 @@ class _Streams:
         for j, value in zip(inputs, args, strict=True):
             if self.lane[j] != self.lane[i]:
                 s.wait_event(self.events[j])
-                if isinstance(value, torch.Tensor):
+                if not isinstance(value, torch.Tensor):
+                    continue
+                if value.device == s.device:
                     value.record_stream(s)  # its memory stays out of reuse until s is done with it
+                else:  # a move from another device: torch copies on that device's current stream
+                    there = torch.cuda.current_stream(value.device)
+                    there.wait_event(self.events[j])
+                    value.record_stream(there)
         with torch.cuda.stream(s):
             value = step(args)
             if self.crosses[i]:
@@ -233,18 +276,35 @@ class _Streams:
         return value
 
     def finish(self) -> None:
-        for s in self.streams:
-            torch.cuda.current_stream().wait_stream(s)
+        """Each device's current stream (outputs are gathered there) waits for every worker stream."""
+        for d in {s.device for s in self.streams}:
+            for s in self.streams:
+                torch.cuda.current_stream(d).wait_stream(s)
 
 
 # ----------------------------------------------------------------- the program
 
 class GpuProgram:
-    """A TaskGraph made ready to run on one torch device: kernels chosen once."""
+    """A TaskGraph made ready to run on torch devices: kernels chosen once.
 
-    def __init__(self, tg: TaskGraph, device: str | None = None, *, triton: bool | None = None) -> None:
+    ``device``: one device for every worker (``"cuda:0"``, ``"cpu"``), or one per machine
+    (``machine_devices``); None is ``machine_devices(machines)``, the GPUs of a plan for
+    ``machines`` of them."""
+
+    def __init__(self, tg: TaskGraph, device: str | Sequence[str | torch.device] | None = None, *,
+                 triton: bool | None = None, machines: int = 1) -> None:
         self.tg = tg
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device is None:
+            machine = machine_devices(machines)
+        elif isinstance(device, (str, torch.device)):
+            machine = [torch.device(device)]
+        else:
+            machine = [torch.device(d) for d in device]
+        self.devices = worker_devices(tg.workers, machine)
+        self.device = self.devices[0]  # where outputs are gathered
+        if len({d.type for d in self.devices}) > 1:
+            raise EngineError(f"devices {sorted(map(str, set(self.devices)))} mix kinds; the GPU engine "
+                              "runs on CUDA devices, or all on the CPU")
         mode = triton_mode(self.device)
         if triton and mode is None:
             raise EngineError("triton=True, but Triton is not installed or cannot run here (on the CPU "
@@ -264,7 +324,7 @@ class GpuProgram:
                 raise EngineError(f"task {t} ({task.describe()}) could not be prepared: "
                                   f"{type(err).__name__}: {err}") from err
         cuda = self.device.type == "cuda"
-        self.streams = _Streams(tg, self.device) if cuda and tg.workers > 1 else None
+        self.streams = _Streams(tg, self.devices) if cuda and tg.workers > 1 else None
 
     def run_tensors(self, feeds: Mapping[str, object], variables: dict[str, float] | None = None
                     ) -> dict[str, torch.Tensor]:
@@ -275,8 +335,9 @@ class GpuProgram:
         if missing:
             raise EngineError(f"the GPU engine was not fed {missing}")
         tasks, steps, streams = self.tg.tasks, self.steps, self.streams
-        with torch.inference_mode():
-            on_device = {n: to_device(feeds[n], self.device) for n in self.feeds}
+        on_gpu = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        with torch.inference_mode(), on_gpu:  # (Triton launches on the current device)
+            on_device = {n: as_tensor(feeds[n]) for n in self.feeds}
             if streams is None:
                 def execute(i, args):
                     return steps[i](args, on_device, variables)
@@ -293,7 +354,7 @@ class GpuProgram:
 
     def _assemble(self, out: Output, values: dict[int, torch.Tensor]) -> torch.Tensor:
         if len(out.blocks) == 1:
-            return values[out.blocks[0][0]].to(TORCH[out.dtype]).contiguous()
+            return values[out.blocks[0][0]].to(self.device, TORCH[out.dtype]).contiguous()
         array = torch.empty(out.shape, dtype=TORCH[out.dtype], device=self.device)
         for t, box in out.blocks:
             array[slices(box)] = values[t]
@@ -311,6 +372,6 @@ class GpuProgram:
 
 
 def run(tg: TaskGraph, feeds: Mapping[str, object], variables: dict[str, float] | None = None,
-        device: str | None = None) -> dict[str, np.ndarray]:
+        device: str | Sequence[str] | None = None) -> dict[str, np.ndarray]:
     """Prepare and run once."""
     return GpuProgram(tg, device).run(feeds, variables)

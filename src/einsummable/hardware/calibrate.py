@@ -8,7 +8,8 @@ other programs sharing the box do not count against it. Moves inside a machine a
 copies, so ``bandwidth_within`` is the copy rate; the rates between machines and
 latencies keep the Cluster defaults. The per-task overheads are the local engine's
 own, timed on chains of tiny tasks (``dispatch``). ``ray_driver`` measures
-what the Ray engine's driver pays to call, feed and fetch a machine actor.
+what the Ray engine's driver pays to call, feed and fetch a machine actor. ``gpu_figures``
+describes GPUs (``Cluster.gpus``), timed with torch on the device where asked.
 
     cluster = Cluster.measure()             # or: einsummable calibrate --out cluster.json
     ray_cluster = replace(cluster, **ray_driver())   # joined to a Ray cluster
@@ -309,3 +310,96 @@ def ray_link(repeats: int = 7, burst: int = 6) -> dict[str, float]:
     overhead = max(held - small / bandwidth, 0.0)
     return {"bandwidth_across": bandwidth, "overhead_across": overhead,
             "latency_across": max(one[small] - small / bandwidth - overhead, 0.0)}
+
+
+# An H100 SXM's figures, for a GPU cluster planned without timing it: dense bf16 GEMM as cuBLAS
+# reaches it, HBM3 for elementwise passes (2 flops a 16-byte f32 multiply-add) and copies, NVLink
+# between GPUs, the engine's host-side cost per task (torch's dispatch and ours), and a block
+# worth a launch at 50 us (5e-4, the CPU figure, would keep a 1B model's GEMMs from ever splitting).
+NOMINAL_GPU = {"flops_per_core": 6e14, "elementwise_flops_per_core": 4e11, "bandwidth_within": 1.5e12,
+               "copy_bandwidth": 1.5e12, "bandwidth_across": 4e11, "latency_across": 1e-5,
+               "task_overhead": 3e-5, "gil_seconds": 3e-5, "view_overhead": 5e-6, "min_block_seconds": 5e-5}
+GPU_GEMM_N = {"cuda": 8192, "cpu": 256}  # bf16 on CUDA, f32 on torch's CPU device (the test path)
+GPU_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 18}
+
+
+def gpu_figures(count: int | None, measure: bool) -> dict[str, float]:
+    """Cluster fields for ``count`` GPUs (machines): every GPU torch sees by default, their least
+    memory; without CUDA, torch's CPU device (``count`` or 1 machines, this machine's memory)."""
+    try:
+        import torch
+    except ModuleNotFoundError as err:
+        raise PlanError("Cluster.gpus needs torch: pip install torch") from err
+    cuda = torch.cuda.is_available()
+    seen = torch.cuda.device_count() if cuda else None
+    if count is None:
+        count = seen or 1
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise PlanError(f"Cluster.gpus count must be a positive integer, got {count!r}")
+    if seen is not None and count > seen:
+        raise PlanError(f"Cluster.gpus({count}): torch sees {seen} GPU(s)")
+    if cuda:
+        memory = float(min(torch.cuda.get_device_properties(m).total_memory for m in range(count)))
+        figures = dict(NOMINAL_GPU)
+    else:
+        memory, figures = physical_memory(), {}
+    if measure:
+        figures |= gpu_rates(torch.device("cuda", 0) if cuda else torch.device("cpu"), count)
+    return {"machines": count, "memory_per_machine": memory} | figures
+
+
+def gpu_rates(device, count: int) -> dict[str, float]:
+    """A device's measured rates: GEMM (bf16 on CUDA), elementwise, copy, between two GPUs
+    (where ``count`` >= 2) and the GPU engine's seconds per task, medians of a few runs."""
+    import torch
+
+    kind = device.type
+    sync = torch.cuda.synchronize if kind == "cuda" else (lambda: None)
+
+    def seconds(run: Callable[[], object]) -> float:
+        run()
+        sync()
+        times = []
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            run()
+            sync()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    n, elements = GPU_GEMM_N[kind], GPU_ELEMENTS[kind]
+    dtype = torch.bfloat16 if kind == "cuda" else torch.float32
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    x, y, z = (torch.randn(elements, device=device) for _ in range(3))
+    out = torch.empty_like(x)
+    copy = 4 * elements / seconds(lambda: x.clone())
+    figures = {"flops_per_core": 2 * n**3 / seconds(lambda: a @ b),
+               "elementwise_flops_per_core": 2 * elements / seconds(lambda: torch.addcmul(z, x, y, out=out)),
+               "bandwidth_within": copy, "copy_bandwidth": copy}
+    if kind == "cuda" and count >= 2:
+        there = torch.device("cuda", 1)
+        figures["bandwidth_across"] = 4 * elements / seconds(lambda: x.to(there))
+    per_task = gpu_dispatch(device)
+    return figures | {"task_overhead": per_task, "gil_seconds": per_task}
+
+
+def gpu_dispatch(device, chain: int = 300) -> float:
+    """The GPU engine's host seconds per task, from a chain of tiny joins (least of a few runs):
+    one host thread issues every task, so it is also the interpreter's share."""
+    from einsummable.engines.gpu import GpuProgram  # the engine's own loop, loaded only when asked
+    from einsummable.ir.einsummable import Einsummable
+    from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph
+
+    box = ((0, 4),)
+    tiny = Einsummable.from_spec("i->i", [(4,)], "x0 * 0.5 + 1")
+    tasks = [InputTask("x", box, "f32", 0)] + [ApplyTask(tiny, (i,), 0) for i in range(chain)]
+    prog = GpuProgram(TaskGraph(tuple(tasks), {"y": Output((4,), "f32", ((chain, box),))}, 1, 1), device,
+                      triton=False)
+    feeds = {"x": np.ones(4, np.float32)}
+    prog.run(feeds)
+    spans = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        prog.run(feeds)
+        spans.append(time.perf_counter() - t0)
+    return min(spans) / (chain + 1)

@@ -22,7 +22,8 @@ and ``MAX_WORKERS`` in all; rates, sizes and times are finite numbers, > 0, or >
 latencies and overheads (``driver_bandwidth`` may be inf). The
 defaults are rough figures for the 2-core development box
 (about 80 GFLOP/s per core from the measured 4000³ chain, memcpy-speed moves
-inside a machine, 10 Gbit/s between machines).
+inside a machine, 10 Gbit/s between machines). ``Cluster.gpus()`` describes GPUs instead: each a
+machine of one worker, with its device memory.
 """
 
 from __future__ import annotations
@@ -114,6 +115,21 @@ class Cluster:
         Cluster(machines=machines, cores=cores)  # checks the counts before seconds of timing
         threads = blas_threads or (available if cores == 1 else 1)
         return Cluster(machines=machines, cores=cores, blas_threads=threads, **rates(cores))
+
+    @staticmethod
+    def gpus(count: int | None = None, *, measure: bool = False) -> Cluster:
+        """GPUs as machines of one worker each, for ``engine="gpu"`` (machine m is ``cuda:m``):
+        ``count`` of them (default: every GPU torch sees), each with its device memory.
+
+        Unmeasured, the rates are an H100's (``calibrate.NOMINAL_GPU``); ``measure=True`` times
+        GPU 0 with torch (a bf16 GEMM, an elementwise pass, a copy, a copy between GPUs
+        where there are two, the engine's dispatch: seconds). Without CUDA the machines are
+        torch's CPU device, with this machine's memory: the engine's test path.
+        """
+        from einsummable.hardware.calibrate import gpu_figures  # torch, loaded only when asked
+
+        figures = gpu_figures(count, measure)
+        return Cluster(machines=figures.pop("machines"), cores=1, **figures)
 
     def to_json(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
