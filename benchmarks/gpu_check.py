@@ -53,6 +53,12 @@ def ratio(title: str, ours: float, theirs: float, target: float, unit: str = "s"
           f"(target >= {target}) {'OK' if r >= target else 'BELOW TARGET'}")
 
 
+def torch_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def correctness() -> None:
     import einsummable as es
     from einsummable.engines import gpu, reference
@@ -74,6 +80,18 @@ def correctness() -> None:
                                        err_msg=f"seed {seed} {name}")
             worst = max(worst, float(np.max(np.abs(got[name].astype(np.float64) - want[name]), initial=0)))
     print(f"random graphs: 20 of 20 match the reference (largest difference {worst:.2e})")
+    gpus = 2 if DEVICE == "cuda" and torch_device_count() >= 2 else 0
+    for seed in range(10 if gpus else 0):  # two GPUs as two machines: moves are device-to-device copies
+        rng = random.Random(seed)
+        g, feeds = random_graph(rng, n_ops=10)
+        plan = build(g.ir, Cluster(machines=2, cores=rng.choice([1, 2])), random_partitions(g.ir, rng))
+        got, want = gpu.GpuProgram(lower(plan), machines=2).run(feeds), reference.run(plan.graph, feeds)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-4,
+                                       err_msg=f"two GPUs, seed {seed} {name}")
+    print("random graphs on two GPUs: 10 of 10 match the reference" if gpus else
+          "random graphs on two GPUs: skipped (one GPU here)")
+    print(f"Cluster.gpus(measure=True): {es.Cluster.gpus(measure=True)!r}")
 
     from einsummable.engines.feeds import check_feeds
     from einsummable.models.llama import model as llama
