@@ -46,6 +46,10 @@ def prepare(op: Einsummable) -> Kernel:
             result = result.astype(dtype)  # half precision rounds here, once
         return result if result.shape == shape else np.broadcast_to(result, shape)
 
+    # the C function alone computes the kernel (no cast, no wider op): a native task loop
+    # may call it itself (segment.py)
+    kernel.compiled = body if isinstance(body, native._Compiled) and body.op == op \
+        and body.acc_dtype == dtype else None
     return kernel
 
 
