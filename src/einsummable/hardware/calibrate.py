@@ -163,6 +163,18 @@ def rates(cores: int) -> dict[str, float]:
             "elementwise_node_cost": node_cost(cores)} | dispatch(cores)
 
 
+def least_run_seconds(prog, feeds: dict[str, np.ndarray]) -> float:
+    """The least wall seconds of ``REPEATS`` runs of a program, after one to warm it: other
+    programs on the box only add."""
+    prog.run(feeds)
+    spans = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        prog.run(feeds)
+        spans.append(time.perf_counter() - t0)
+    return min(spans)
+
+
 def dispatch(cores: int, chain: int = 300) -> dict[str, float]:
     """The local engine's cost per task on ``cores`` workers, from chains of tiny kernel tasks (a
     join on 4 elements) and of views. ``task_overhead``: a worker's seconds per kernel task with
@@ -189,13 +201,7 @@ def dispatch(cores: int, chain: int = 300) -> dict[str, float]:
             outputs[f"y{w}"] = Output((4,), "f32", ((len(tasks) - 1, box),))
         prog = LocalProgram(TaskGraph(tuple(tasks), outputs, cores, cores))
         feeds = {f"x{w}": np.ones(4, np.float32) for w in range(busy)}
-        prog.run(feeds)
-        spans = []
-        for _ in range(REPEATS):
-            t0 = time.perf_counter()
-            prog.run(feeds)
-            spans.append(time.perf_counter() - t0)
-        return min(spans)
+        return least_run_seconds(prog, feeds)
 
     def kernel(i: int, w: int) -> ApplyTask:
         return ApplyTask(tiny, (i,), w)
@@ -396,10 +402,4 @@ def gpu_dispatch(device, chain: int = 300) -> float:
     prog = GpuProgram(TaskGraph(tuple(tasks), {"y": Output((4,), "f32", ((chain, box),))}, 1, 1), device,
                       triton=False)
     feeds = {"x": np.ones(4, np.float32)}
-    prog.run(feeds)
-    spans = []
-    for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        prog.run(feeds)
-        spans.append(time.perf_counter() - t0)
-    return min(spans) / (chain + 1)
+    return least_run_seconds(prog, feeds) / (chain + 1)
