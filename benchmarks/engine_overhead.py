@@ -20,8 +20,8 @@ import einsummable as es
 from common import median_time
 from einsummable.engines.local import LocalProgram
 from einsummable.engines.simulator.simulate import run as simulate
-from einsummable.ir.einsummable import Einsummable
-from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph
+from einsummable.hardware.calibrate import tiny_chains, tiny_feeds
+from einsummable.lower.taskgraph import TaskGraph
 
 
 def main() -> None:
@@ -54,7 +54,7 @@ def main() -> None:
     for workers in sorted({args.workers, 2 * args.workers, 4 * args.workers}):
         tg = chains(workers, 500)
         run = LocalProgram(tg).run
-        feeds = {f"x{w}": np.ones(4, np.float32) for w in range(workers)}
+        feeds = tiny_feeds(workers)
         measured = median_time(lambda: run(feeds), repeats=5)  # noqa: B023 (called at once)
         model = replace(cluster, cores=workers)
         shared, apart = simulate(tg, model).makespan, simulate(tg, replace(model, gil_seconds=0.0)).makespan
@@ -65,15 +65,7 @@ def main() -> None:
 
 def chains(workers: int, chain: int) -> TaskGraph:
     """A chain of tiny joins (4 elements) pinned to each worker: nothing but dispatch."""
-    box = ((0, 4),)
-    tiny = Einsummable.from_spec("i->i", [(4,)], "x0 * 0.5 + 1")
-    tasks, outputs = [], {}
-    for w in range(workers):
-        tasks.append(InputTask(f"x{w}", box, "f32", w))
-        for _ in range(chain):
-            tasks.append(ApplyTask(tiny, (len(tasks) - 1,), w))
-        outputs[f"y{w}"] = Output((4,), "f32", ((len(tasks) - 1, box),))
-    return TaskGraph(tuple(tasks), outputs, workers, workers)
+    return tiny_chains(workers, workers, chain)
 
 
 if __name__ == "__main__":

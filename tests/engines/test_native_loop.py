@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from einsummable.engines.kernels import cbuild, native, segment
+from einsummable.hardware.calibrate import tiny_chains
 from einsummable.ir.einsummable import Einsummable
 from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph
 
@@ -13,15 +14,7 @@ pytestmark = pytest.mark.skipif(not cbuild.enabled(), reason="compiled kernels a
 
 def chains(workers: int, chain: int) -> TaskGraph:
     """A chain of tiny joins (4 elements) pinned to each worker (benchmarks/engine_overhead.py's)."""
-    box = ((0, 4),)
-    tiny = Einsummable.from_spec("i->i", [(4,)], "x0 * 0.5 + 1")
-    tasks, outputs = [], {}
-    for w in range(workers):
-        tasks.append(InputTask(f"x{w}", box, "f32", w))
-        for _ in range(chain):
-            tasks.append(ApplyTask(tiny, (len(tasks) - 1,), w))
-        outputs[f"y{w}"] = Output((4,), "f32", ((len(tasks) - 1, box),))
-    return TaskGraph(tuple(tasks), outputs, workers, workers)
+    return tiny_chains(workers, workers, chain)
 
 
 def _keep(tg: TaskGraph) -> set[int]:

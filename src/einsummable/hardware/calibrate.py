@@ -175,6 +175,34 @@ def least_run_seconds(prog, feeds: dict[str, np.ndarray]) -> float:
     return min(spans)
 
 
+def tiny_chains(busy: int, workers: int, chain: int, make: Callable[[int, int], object] | None = None):
+    """A TaskGraph for ``workers`` that is nothing but dispatch: on each of the first ``busy``
+    workers an input of 4 f32 elements (``x{w}``, fed by ``tiny_feeds``) and ``chain`` tasks after
+    it, each ``make(i, w)`` reading task i (default: a join on 4 elements), the last one ``y{w}``."""
+    from einsummable.ir.einsummable import Einsummable
+    from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph
+
+    box = ((0, 4),)
+    if make is None:
+        tiny = Einsummable.from_spec("i->i", [(4,)], "x0 * 0.5 + 1")
+
+        def make(i: int, w: int) -> ApplyTask:
+            return ApplyTask(tiny, (i,), w)
+
+    tasks, outputs = [], {}
+    for w in range(busy):
+        tasks.append(InputTask(f"x{w}", box, "f32", w))
+        for _ in range(chain):
+            tasks.append(make(len(tasks) - 1, w))
+        outputs[f"y{w}"] = Output((4,), "f32", ((len(tasks) - 1, box),))
+    return TaskGraph(tuple(tasks), outputs, workers, workers)
+
+
+def tiny_feeds(busy: int) -> dict[str, np.ndarray]:
+    """The inputs of ``tiny_chains(busy, ...)``."""
+    return {f"x{w}": np.ones(4, np.float32) for w in range(busy)}
+
+
 def dispatch(cores: int, chain: int = 300) -> dict[str, float]:
     """The local engine's cost per task on ``cores`` workers, from chains of tiny kernel tasks (a
     join on 4 elements) and of views. ``task_overhead``: a worker's seconds per kernel task with
@@ -185,31 +213,16 @@ def dispatch(cores: int, chain: int = 300) -> dict[str, float]:
     its cores); ``view_overhead``: a worker's seconds per view, all busy. Least of a few runs:
     other programs only add."""
     from einsummable.engines.local import LocalProgram  # the engine's own loop, loaded only when asked
-    from einsummable.ir.einsummable import Einsummable
-    from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph, ViewTask
+    from einsummable.lower.taskgraph import ViewTask
 
-    box = ((0, 4),)
-    tiny = Einsummable.from_spec("i->i", [(4,)], "x0 * 0.5 + 1")
-
-    def run_seconds(make: Callable[[int, int], object], busy: int) -> float:
+    def run_seconds(busy: int, make: Callable[[int, int], object] | None = None) -> float:
         """The least wall seconds of a run with a chain on each of the first ``busy`` workers."""
-        tasks, outputs = [], {}
-        for w in range(busy):
-            tasks.append(InputTask(f"x{w}", box, "f32", w))
-            for _ in range(chain):
-                tasks.append(make(len(tasks) - 1, w))
-            outputs[f"y{w}"] = Output((4,), "f32", ((len(tasks) - 1, box),))
-        prog = LocalProgram(TaskGraph(tuple(tasks), outputs, cores, cores))
-        feeds = {f"x{w}": np.ones(4, np.float32) for w in range(busy)}
-        return least_run_seconds(prog, feeds)
+        return least_run_seconds(LocalProgram(tiny_chains(busy, cores, chain, make)), tiny_feeds(busy))
 
-    def kernel(i: int, w: int) -> ApplyTask:
-        return ApplyTask(tiny, (i,), w)
-
-    alone = run_seconds(kernel, 1) / (chain + 1)
+    alone = run_seconds(1) / (chain + 1)
     return {"task_overhead": alone,
-            "gil_seconds": run_seconds(kernel, cores) / (cores * (chain + 1)) if cores > 1 else alone,
-            "view_overhead": run_seconds(lambda i, w: ViewTask((i,), (4,), "f32", w), cores) / (chain + 1)}
+            "gil_seconds": run_seconds(cores) / (cores * (chain + 1)) if cores > 1 else alone,
+            "view_overhead": run_seconds(cores, lambda i, w: ViewTask((i,), (4,), "f32", w)) / (chain + 1)}
 
 
 def ray_driver(repeats: int = 7) -> dict[str, float]:
@@ -393,13 +406,6 @@ def gpu_dispatch(device, chain: int = 300) -> float:
     """The GPU engine's host seconds per task, from a chain of tiny joins (least of a few runs):
     one host thread issues every task, so it is also the interpreter's share."""
     from einsummable.engines.gpu import GpuProgram  # the engine's own loop, loaded only when asked
-    from einsummable.ir.einsummable import Einsummable
-    from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph
 
-    box = ((0, 4),)
-    tiny = Einsummable.from_spec("i->i", [(4,)], "x0 * 0.5 + 1")
-    tasks = [InputTask("x", box, "f32", 0)] + [ApplyTask(tiny, (i,), 0) for i in range(chain)]
-    prog = GpuProgram(TaskGraph(tuple(tasks), {"y": Output((4,), "f32", ((chain, box),))}, 1, 1), device,
-                      triton=False)
-    feeds = {"x": np.ones(4, np.float32)}
-    return least_run_seconds(prog, feeds) / (chain + 1)
+    prog = GpuProgram(tiny_chains(1, 1, chain), device, triton=False)
+    return least_run_seconds(prog, tiny_feeds(1)) / (chain + 1)
