@@ -320,7 +320,12 @@ def test_a_gpu_cluster_is_machines_of_one_worker_with_their_memory():
 
 
 def test_a_measured_gpu_cluster_times_the_device():
-    c = es.Cluster.gpus(measure=True)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on the CPU path: OpenMP threads beside another test's stall its GEMM
+    try:
+        c = es.Cluster.gpus(measure=True)
+    finally:
+        torch.set_num_threads(threads)
     # a GEMM reuses each element n times; an elementwise pass touches each once
     assert c.flops_per_core > 3 * c.elementwise_flops_per_core > 0
     assert c.copy_bandwidth == c.bandwidth_within > 0
