@@ -202,24 +202,30 @@ def test_a_generated_kernel_serves_every_block_of_a_form():
 
 # ----------------------------------------------------------------- a Llama training step
 
-@pytest.mark.parametrize("kernels", KERNELS)
-def test_tiny_llama_training_step_matches_reference(kernels):
+def llama_step(batch: int):
+    """A 1-layer Llama's AdamW training step on ``batch`` sequences of 8: graph, loss name,
+    vocab, checked feeds and variables."""
     from einsummable.models.llama import model as llama
     from einsummable.models.llama.config import LlamaConfig
 
     cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=1)
-    g, p, loss = llama.loss_graph(cfg, 2, 8)
+    g, p, loss = llama.loss_graph(cfg, batch, 8)
     step = es.train.adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
     params = llama.init_params(cfg, seed=0)
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 9)).astype(np.int64)
-    ir = g.ir
-    arrays, variables = check_feeds(ir, params | step.init_state(params) | {"tokens": tokens, "lr": 3e-3},
-                                    variables=ir.variables())
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, 9)).astype(np.int64)
+    arrays, variables = check_feeds(g.ir, params | step.init_state(params) | {"tokens": tokens, "lr": 3e-3},
+                                    variables=g.ir.variables())
+    return g, step.loss, cfg.vocab_size, arrays, variables
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+def test_tiny_llama_training_step_matches_reference(kernels):
+    g, loss, vocab, arrays, variables = llama_step(2)
     tg = es.compile(g, 2, engine="simulate").taskgraph
     got = run_gpu(tg, arrays, kernels, variables)
-    close(got, reference.run(ir, arrays, variables), rtol=1e-3, atol=1e-4)
-    assert abs(float(got[step.loss]) - np.log(cfg.vocab_size)) < 0.5  # untrained: about log(vocab)
+    close(got, reference.run(g.ir, arrays, variables), rtol=1e-3, atol=1e-4)
+    assert abs(float(got[loss]) - np.log(vocab)) < 0.5  # untrained: about log(vocab)
 
 
 # ----------------------------------------------------------------- the program's surface
@@ -367,17 +373,7 @@ def test_random_graphs_over_two_devices_match_reference(seed, cores):
 
 
 def test_a_llama_step_planned_for_two_gpus_copies_between_them_and_matches_reference():
-    from einsummable.models.llama import model as llama
-    from einsummable.models.llama.config import LlamaConfig
-
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)
-    g, p, loss = llama.loss_graph(cfg, 4, 8)
-    step = es.train.adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
-    params = llama.init_params(cfg, seed=0)
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (4, 9)).astype(np.int64)
-    arrays, variables = check_feeds(g.ir, params | step.init_state(params) | {"tokens": tokens, "lr": 3e-3},
-                                    variables=g.ir.variables())
+    g, _, _, arrays, variables = llama_step(4)
     cluster = replace(es.Cluster.gpus(1), machines=2, min_block_seconds=0)  # two GPUs' plan
     tg = es.compile(g, cluster=cluster, engine="simulate").taskgraph
     with interpreting("torch"):
