@@ -14,7 +14,10 @@ import string
 import numpy as np
 
 import einsummable as es
+from einsummable.engines.feeds import check_feeds
 from einsummable.ir.graph import EinGraph
+from einsummable.models.llama import model as llama
+from einsummable.models.llama.config import LlamaConfig
 from einsummable.plan.partition import Partition
 from einsummable.plan.space import spaces
 
@@ -253,3 +256,17 @@ def _mlp_feeds(layers: int, batch: int, width: int) -> dict[str, np.ndarray]:
     feeds |= {f"w{k}": rng.standard_normal((width, width), dtype=np.float32) / np.float32(width ** 0.5)
               for k in range(layers)}
     return feeds
+
+
+def llama_step(batch: int):
+    """A 1-layer Llama's AdamW training step on ``batch`` sequences of 8: graph, loss name,
+    vocab, checked feeds and variables."""
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1)
+    g, p, loss = llama.loss_graph(cfg, batch, 8)
+    step = es.train.adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
+    params = llama.init_params(cfg, seed=0)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, 9)).astype(np.int64)
+    arrays, variables = check_feeds(g.ir, params | step.init_state(params) | {"tokens": tokens, "lr": 3e-3},
+                                    variables=g.ir.variables())
+    return g, step.loss, cfg.vocab_size, arrays, variables

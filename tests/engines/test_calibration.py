@@ -9,6 +9,7 @@ from threadpoolctl import threadpool_info
 
 import einsummable as es
 from einsummable.engines import local
+from einsummable.engines.kernels import cbuild
 from einsummable.engines.simulator.simulate import run
 from einsummable.hardware import calibrate
 from einsummable.hardware.cluster import INLINE_TASK_OVERHEAD
@@ -116,6 +117,10 @@ def test_dispatch_measures_the_engines_cost_per_task():
     """A view costs the engine less than a kernel task, both microseconds, not milliseconds."""
     measured = calibrate.dispatch(1, chain=50)
     assert 0 < measured["view_overhead"] < measured["task_overhead"] < 1e-3
+    if cbuild.enabled():  # a task in the native loop: one C call after another, no Python between
+        assert 0 <= measured["native_overhead"] < measured["task_overhead"] / 4
+    else:
+        assert measured["native_overhead"] is None
 
 
 def test_the_overhead_across_is_checked_and_kept_in_json(tmp_path):

@@ -24,7 +24,6 @@ torch = pytest.importorskip("torch")
 
 import einsummable as es  # noqa: E402
 from einsummable.engines import gpu, reference  # noqa: E402
-from einsummable.engines.feeds import check_feeds  # noqa: E402
 from einsummable.engines.kernels import triton as gpu_kernels  # noqa: E402
 from einsummable.errors import EngineError  # noqa: E402
 from einsummable.hardware.cluster import Cluster  # noqa: E402
@@ -32,7 +31,7 @@ from einsummable.ir.einsummable import Einsummable  # noqa: E402
 from einsummable.lower import taskgraph as tgm  # noqa: E402
 from einsummable.lower.lowering import lower  # noqa: E402
 from einsummable.plan.plan import build  # noqa: E402
-from graphgen import random_graph, random_partitions  # noqa: E402
+from graphgen import llama_step, random_graph, random_partitions  # noqa: E402
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
@@ -201,23 +200,6 @@ def test_a_generated_kernel_serves_every_block_of_a_form():
 
 
 # ----------------------------------------------------------------- a Llama training step
-
-def llama_step(batch: int):
-    """A 1-layer Llama's AdamW training step on ``batch`` sequences of 8: graph, loss name,
-    vocab, checked feeds and variables."""
-    from einsummable.models.llama import model as llama
-    from einsummable.models.llama.config import LlamaConfig
-
-    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1)
-    g, p, loss = llama.loss_graph(cfg, batch, 8)
-    step = es.train.adamw(loss, list(p.values()), lr="lr", weight_decay=0.1)
-    params = llama.init_params(cfg, seed=0)
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, 9)).astype(np.int64)
-    arrays, variables = check_feeds(g.ir, params | step.init_state(params) | {"tokens": tokens, "lr": 3e-3},
-                                    variables=g.ir.variables())
-    return g, step.loss, cfg.vocab_size, arrays, variables
-
 
 @pytest.mark.parametrize("kernels", KERNELS)
 def test_tiny_llama_training_step_matches_reference(kernels):

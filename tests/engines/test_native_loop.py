@@ -1,13 +1,27 @@
 """The native task loop (engines/kernels/segment.py): a worker's runs of compiled joins cut into
 segments, each run by one call of the C loop, against numpy."""
 
+import json
+import random
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import einsummable as es
+from einsummable.engines import local, reference
 from einsummable.engines.kernels import cbuild, native, segment
-from einsummable.hardware.calibrate import tiny_chains
+from einsummable.engines.simulator import simulate
+from einsummable.errors import EngineError
+from einsummable.hardware.calibrate import tiny_chains, tiny_feeds
+from einsummable.hardware.cluster import Cluster
 from einsummable.ir.einsummable import Einsummable
+from einsummable.lower.fusion import fuse
+from einsummable.lower.lowering import lower
 from einsummable.lower.taskgraph import ApplyTask, InputTask, Output, TaskGraph
+from einsummable.plan.plan import build
+from graphgen import BINARY, UNARY, llama_step, random_graph, random_partitions
 
 pytestmark = pytest.mark.skipif(not cbuild.enabled(), reason="compiled kernels are off")
 
@@ -85,3 +99,130 @@ def test_a_task_reading_past_the_segments_start_opens_another():
     (b,) = first([x], {})
     (y,) = second([b * 2, b], {})
     np.testing.assert_allclose(y, (x * 8 + x * 4) * 2)
+
+
+# ------------------------------------------------------------ the local engine runs them
+
+def _elementwise_dag(rng: random.Random, shape: tuple[int, ...], ops: int) -> tuple[es.Graph, dict]:
+    """A random DAG of elementwise joins (graphgen's) over two inputs of one shape: most of a
+    worker's tasks are then consecutive compiled joins, so its runs become segments."""
+    g = es.Graph()
+    feeds = {n: np.random.default_rng(rng.randrange(2**32)).uniform(0.5, 1.5, shape).astype(np.float32)
+             for n in ("a", "b")}
+    pool = [g.input(n, shape) for n in feeds]
+    letters = "ijk"[:len(shape)]
+    for _ in range(ops):
+        if rng.random() < 0.5:
+            spec, args = f"{letters}->{letters}", [rng.choice(pool)]
+            join = rng.choice(UNARY)
+        else:
+            spec, args = f"{letters},{letters}->{letters}", rng.sample(pool, 2)
+            join = rng.choice(BINARY)
+        pool.append(es.einsum(spec, *args, join=join))
+    for k, t in enumerate([pool[-1], *rng.sample(pool[2:], min(2, len(pool) - 2))]):
+        g.output(f"out{k}", t)
+    return g, feeds
+
+
+def _segments(executor: local.LocalProgram) -> list:
+    return [] if executor.plan is None else executor.plan.segments
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([1, 2, 3]))
+def test_random_elementwise_graphs_with_segments_match_the_reference(seed, workers):
+    rng = random.Random(seed)
+    g, feeds = _elementwise_dag(rng, (rng.randint(1, 9), rng.randint(1, 9)), rng.randint(2, 12))
+    plan = build(g.ir, Cluster(machines=1, cores=workers), random_partitions(g.ir, rng))
+    tg = fuse(lower(plan)).graph
+    want = reference.run(g.ir, feeds)
+    for native_loop in (True, False):
+        got = local.LocalProgram(tg, native_loop).run(feeds)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def test_segments_are_cut_on_random_graphs_and_match_the_reference():
+    """Random graphs of every kind (graphgen) on random partitions and worker counts: each run
+    with segments matches the reference, and segments were cut in many of them (so the property
+    test above is no vacuous pass)."""
+    cut = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        g, feeds = random_graph(rng, n_ops=rng.randint(3, 12))
+        plan = build(g.ir, Cluster(machines=1, cores=rng.choice([1, 2, 3])), random_partitions(g.ir, rng))
+        prog = local.LocalProgram(fuse(lower(plan)).graph)
+        cut += bool(_segments(prog))
+        got, want = prog.run(feeds), reference.run(g.ir, feeds)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-4, err_msg=f"{seed} {name}")
+    assert cut >= 10
+
+
+def test_the_engines_segments_are_the_runs_the_simulator_prices():
+    """One program: the local engine cuts exactly the native runs (lower/runs.py) that the
+    simulator prices, on a Llama training step's TaskGraph."""
+    g, *_ = llama_step(2)
+    prog = es.compile(g, workers=2)
+    tg = prog.taskgraph
+    native = simulate.native_tasks(tg)
+    segments = _segments(prog.executor)
+    assert segments
+    engine = sorted(t for s in segments for t in s.tasks[1:])
+    assert engine == [t for t, x in enumerate(native) if x]
+
+
+def test_a_llama_training_step_with_segments_matches_the_reference_and_its_trace_has_every_task(tmp_path):
+    g, _, _, arrays, variables = llama_step(2)
+    prog = es.compile(g, workers=2)
+    assert _segments(prog.executor)
+    trace = tmp_path / "t.json"
+    got = prog.executor.run(arrays, variables, trace=trace)
+    want = reference.run(g.ir, arrays, variables)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-4, err_msg=name)
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    assert len(events) == len(prog.taskgraph.tasks)
+    assert all(e["dur"] >= 0 for e in events)
+
+
+def test_a_segment_lets_each_exported_block_go_after_its_last_reader():
+    """A block of a segment read by two tasks outside it is dropped after the second takes it,
+    not when every block of the segment has been read; a kept one is never dropped."""
+    box = ((0, 4),)
+    one = Einsummable.from_spec("i->i", [(4,)], "x0 * 2")
+    # 1..2 on worker 0 are a segment; 3 (worker 1) and 4 (worker 2) read 1, 5 reads 2; 2 is kept
+    tasks = (InputTask("x", box, "f32", 0), ApplyTask(one, (0,), 0), ApplyTask(one, (1,), 0),
+             ApplyTask(one, (1,), 1), ApplyTask(one, (1,), 2), ApplyTask(one, (2,), 1))
+    outputs = {"y": Output((4,), "f32", ((2, box),)), "z": Output((4,), "f32", ((5, box),))}
+    tg = TaskGraph(tasks, outputs, 3, 3)
+    native.flush()
+    seg = segment.cut(tg.tasks, _keep(tg), lambda t: True).segments[0]
+    assert seg.exported == (1, 2) and seg.readers == [2, 2]  # 2: read by 5, and kept
+    out = seg([np.ones(4, np.float32)], {})
+    first = out.take(0)
+    assert out[0] is first  # one reader still to take it
+    assert out.take(0) is first and out[0] is None  # both have: let go
+    out.take(1)
+    assert out[1] is not None  # kept: held for the run's result
+    got = local.LocalProgram(tg).run({"x": np.ones(4, np.float32)})
+    np.testing.assert_array_equal(got["y"], np.full(4, 4, np.float32))
+    np.testing.assert_array_equal(got["z"], np.full(4, 8, np.float32))
+
+
+def test_a_failing_segment_names_its_first_task_and_stops():
+    tg = chains(2, 20)
+    prog = local.LocalProgram(tg)
+    node = prog.plan.node_of[5]
+
+    def fail(args, feeds, variables):
+        raise RuntimeError("segment on fire")
+
+    prog.node_steps = [fail if i == node else s for i, s in enumerate(prog.node_steps)]
+    with pytest.raises(EngineError, match=r"run natively \(tasks \d+\.\.\d+\).*segment on fire"):
+        prog.run(tiny_feeds(2))
+
+
+def test_with_compiled_kernels_off_nothing_is_cut(monkeypatch):
+    monkeypatch.setattr(cbuild, "enabled", lambda: False)
+    assert segment.cut(chains(1, 10).tasks, set(), lambda t: True) is None

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import einsummable as es
-from einsummable.engines.simulator.simulate import Simulation, run, runs_no_kernel
+from einsummable.engines.simulator.simulate import Simulation, native_tasks, run, runs_no_kernel
 from einsummable.errors import SimulationError
 from einsummable.ir.einsummable import Einsummable
 from einsummable.ir.graph import Piece
@@ -296,7 +296,7 @@ def test_a_machines_cores_take_its_interpreter_in_turn(machines):
     of a machine start their tasks 10 us apart, so a machine runs them at one per 10 us, not 64 per
     20 us; each machine has its own interpreter, so two machines take no longer than one."""
     tg = _tiny_chains(machines, 64, 100)
-    quiet = QUIET | {"elementwise_flops_per_core": 1e30, "copy_bandwidth": 1e30}
+    quiet = QUIET | {"elementwise_flops_per_core": 1e30, "copy_bandwidth": 1e30, "native_overhead": None}
     free = es.Cluster(machines=machines, cores=64, **quiet | {"task_overhead": 2e-5, "gil_seconds": 0.0})
     held = es.Cluster(machines=machines, cores=64, **quiet | {"task_overhead": 2e-5, "gil_seconds": 1e-5})
     assert run(tg, free).makespan == pytest.approx(100 * 2e-5, rel=0.01)
@@ -307,11 +307,23 @@ def test_a_machines_cores_take_its_interpreter_in_turn(machines):
     assert run(_tiny_chains(machines, 2, 100), few).makespan == pytest.approx(100 * 2e-5, rel=0.01)
 
 
+def test_a_native_run_pays_one_dispatch_and_holds_the_interpreter_once():
+    """The same chains with the native loop (lower/runs.py): each worker's 100 joins are one run,
+    so a core pays one dispatch (20 us, 10 of it holding the interpreter) and 99 x 1 us; the 64
+    cores take the interpreter once each, not 100 times: 64 x 10 us + 20 + 99 us at the most."""
+    tg = _tiny_chains(1, 64, 100)
+    assert all(native_tasks(tg)[2:101]) and not any(native_tasks(tg)[:2])  # the input, the run's first
+    quiet = QUIET | {"elementwise_flops_per_core": 1e30, "copy_bandwidth": 1e30, "native_overhead": 1e-6}
+    native = es.Cluster(cores=64, **quiet | {"task_overhead": 2e-5, "gil_seconds": 1e-5})
+    sim = run(tg, native)
+    assert 20e-6 + 99e-6 < sim.makespan <= 64 * 1e-5 + 20e-6 + 99e-6 + 1e-9
+
+
 def test_the_planner_prices_a_machines_dispatch_as_the_simulator_does():
     """Tasks of 1 ms, all of it holding the interpreter: the plan's compute time and the simulated
     step are at least the machine's tasks x 1 ms, however many cores it has."""
     g = mlp_train(batch=256, d=64, hidden=256, out=64)
-    held = es.Cluster(machines=1, cores=64, task_overhead=1e-3, gil_seconds=1e-3)
+    held = es.Cluster(machines=1, cores=64, task_overhead=1e-3, gil_seconds=1e-3, native_overhead=None)
     prog = es.compile(g, cluster=held, engine="simulate")
     tasks = sum(1 for t in prog.taskgraph.tasks if not runs_no_kernel(t) and not isinstance(t, MoveTask))
     assert prog.plan.summary.compute_seconds >= 1e-3 * tasks * 0.5  # the blocks the planner counts

@@ -26,7 +26,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,7 @@ from threadpoolctl import ThreadpoolController
 from einsummable.engines import donation, scheduler, storage
 from einsummable.engines import trace as timeline
 from einsummable.engines.blocks import Blocks, assemble
-from einsummable.engines.kernels import epilogue, native, rowfuse
+from einsummable.engines.kernels import epilogue, native, rowfuse, segment
 from einsummable.engines.kernels import fast as kernels
 from einsummable.engines.kernels import reference as reference_kernel
 from einsummable.errors import EngineError
@@ -205,6 +205,28 @@ def _partial(task: PartialTask):
     return assemble
 
 
+def _node_step(node: int | segment.Segment, steps, picks: tuple[int | None, ...] | None,
+               times: np.ndarray | None = None):
+    """The step of one node of the dependency loop: a task alone (``steps[node]``) or a segment
+    (its C loop, writing its tasks' ``times`` where given), each input that is a segment's block
+    taken at its position (``picks``)."""
+    if isinstance(node, segment.Segment):
+        def step(args, feeds, variables):
+            return node(args, variables, times)
+    else:
+        step = steps[node]
+    if picks is None:
+        return step
+    chosen = [(k, p) for k, p in enumerate(picks) if p is not None]
+
+    def picked(args, feeds, variables):
+        for k, p in chosen:  # (args is the loop's fresh list: picked in place)
+            args[k] = args[k].take(p)
+        return step(args, feeds, variables)
+
+    return picked
+
+
 def _tiles(boxes: list, shape: tuple[int, ...]) -> bool:
     """Whether disjoint ``boxes`` fill ``shape``: then no padding needs writing."""
     disjoint = all(any(b_hi <= a_lo or a_hi <= b_lo for (a_lo, a_hi), (b_lo, b_hi) in zip(a, b, strict=True))
@@ -248,15 +270,15 @@ class _Ticker:
     """Progress on a terminal, once a run has taken a couple of seconds (made only for a
     terminal: elsewhere a run calls nothing per task)."""
 
-    def __init__(self, total: int) -> None:
-        self.total = total
+    def __init__(self, total: int, weight: Sequence[int] | None = None) -> None:
+        self.total, self.weight = total, weight  # weight[i]: the tasks node i runs (default 1)
         self.start = time.perf_counter()
         self.due = self.start + SHOW_PROGRESS_AFTER  # nothing to draw before then
         self.bar: Progress | None = None
         self.count = 0
 
     def __call__(self, i: int) -> None:
-        self.count += 1
+        self.count += 1 if self.weight is None else self.weight[i]
         now = time.perf_counter()
         if now < self.due:
             return
@@ -280,7 +302,10 @@ def _reads(task, name: str, box) -> bool:
 class LocalProgram:
     """A TaskGraph made ready to run many times: kernels chosen and priorities ranked once."""
 
-    def __init__(self, tg: TaskGraph) -> None:
+    def __init__(self, tg: TaskGraph, native_loop: bool = True) -> None:
+        """``native_loop``: run each worker's runs of compiled joins through the C loop
+        (kernels/segment.py); False runs every task through Python (calibrate.dispatch
+        measures both)."""
         if tg.workers > MAX_THREADS:
             raise EngineError(
                 f"the plan has {tg.workers:,} worker threads for the local engine, which runs at most "
@@ -293,9 +318,6 @@ class LocalProgram:
         self.inputs = [t.inputs for t in tasks]
         self.steps = [PREPARE[type(t)](t) for t in tasks]
         self.rank = priority.ranks(self.inputs, [task_cost(t) for t in tasks], tg.order)
-        self.schedule = scheduler.Schedule(self.inputs, location=self.location, workers=tg.workers,
-                                           keep=self.keep, rank=self.rank,
-                                           window=priority.window(tg.order, tg.workers))
         # where(c, x, a block a session run gives up): stored in place (donation.py)
         self.donors = donation.prepare(tg, self.steps)
         if tg.stored:
@@ -310,6 +332,34 @@ class LocalProgram:
                           if name not in tg.stored
                           and all(_reads(tasks[t], name, box) for t, box in out.blocks)}
         native.flush()  # the compiled kernels, built together, at prepare
+        self._segments(tg, native_loop)
+
+    def _segments(self, tg: TaskGraph, native_loop: bool) -> None:
+        """The dependency loop's nodes: each worker's runs of compiled joins as one segment, run
+        by one call of the C loop (kernels/segment.py: lower/runs.py's runs, which the simulator
+        prices), every other task alone. A block stored to host storage as made stays alone."""
+        tasks = tg.tasks
+        alone = {t for name in tg.stored & set(tg.outputs) for t, _ in tg.outputs[name].blocks}
+        plan = segment.cut(tasks, self.keep, lambda t: t not in alone) if native_loop else None
+        self.plan = plan
+        if plan is None:  # every task alone: the loop runs the tasks themselves
+            self.node_steps, self.node_donors, self.weight = self.steps, self.donors, None
+            self.schedule = scheduler.Schedule(self.inputs, location=self.location, workers=tg.workers,
+                                               keep=self.keep, rank=self.rank,
+                                               window=priority.window(tg.order, tg.workers))
+            return
+        self.weight = [1 if isinstance(n, int) else len(n.tasks) for n in plan.nodes]
+        rank = [-math.inf] * len(plan.nodes)
+        for t, node in enumerate(plan.node_of):
+            rank[node] = max(rank[node], self.rank[t])
+        self.node_steps = [_node_step(node, self.steps, picks)
+                           for node, picks in zip(plan.nodes, plan.picks, strict=True)]
+        self.node_donors = {plan.node_of[t]: (name, _node_step(t, {t: step}, plan.picks[plan.node_of[t]]))
+                            for t, (name, step) in self.donors.items()}
+        location = [tasks[n if isinstance(n, int) else n.tasks[0]].loc for n in plan.nodes]
+        self.schedule = scheduler.Schedule(plan.inputs, location=location, workers=tg.workers,
+                                           keep={plan.node_of[t] for t in self.keep}, rank=rank,
+                                           window=priority.window(tg.order, tg.workers))
 
     def _offload(self, tg: TaskGraph) -> None:
         """Inputs kept in host storage (plan/offload.py): their input tasks load a copy of
@@ -335,22 +385,39 @@ class LocalProgram:
         trace JSON, or a Gantt chart for ``*.png``); without it nothing is recorded.
         """
         variables = variables or {}
-        tasks, steps = self.tg.tasks, donation.swap(self.steps, self.donors, feeds)
-        ticker = _Ticker(len(tasks)) if sys.stderr.isatty() else None
+        tasks, plan = self.tg.tasks, self.plan
+        steps = donation.swap(self.node_steps, self.node_donors, feeds)
+        ticker = _Ticker(len(tasks), self.weight) if sys.stderr.isatty() else None
+        times = np.zeros((len(tasks), 2)) if trace is not None else None
+        if times is not None and plan is not None:  # each segment writes its tasks' times itself
+            steps = [_node_step(node, steps, picks, times) if isinstance(node, segment.Segment) else steps[i]
+                     for i, (node, picks) in enumerate(zip(plan.nodes, plan.picks, strict=True))]
 
         def execute(i: int, args: list) -> object:
             return steps[i](args, feeds, variables)
 
-        times = np.zeros((len(tasks), 2)) if trace is not None else None
+        def describe(i: int) -> str:
+            node = i if plan is None else plan.nodes[i]
+            return tasks[node].describe() if isinstance(node, int) else node.describe(tasks)
+
         if times is not None:
-            execute, origin = timeline.timed(execute, times), time.perf_counter()
+            node_times = times if plan is None else np.zeros((len(plan.nodes), 2))
+            execute, origin = timeline.timed(execute, node_times), time.perf_counter()
         with blas_limit(self.tg.workers):
             try:
-                values = self.schedule.run(execute, describe=lambda i: tasks[i].describe(), on_done=ticker)
+                values = self.schedule.run(execute, describe=describe, on_done=ticker)
             finally:
                 if ticker is not None:
                     ticker.close()
+        if plan is not None:  # the kept tasks' blocks, picked from their nodes' values
+            node_of, pick = plan.node_of, plan.pick
+            values = {t: values[node_of[t]] if pick[t] is None else values[node_of[t]][pick[t]]
+                      for t in self.keep}
         if times is not None:
+            if plan is not None:
+                for i, node in enumerate(plan.nodes):
+                    if isinstance(node, int):
+                        times[node] = node_times[i]
             events, lanes = timeline.task_events(self.tg, times - origin, measured=True)
             title = f"measured: {len(tasks):,} tasks on {self.tg.workers} worker(s)"
             timeline.write(events, trace, lanes, title)

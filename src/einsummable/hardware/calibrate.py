@@ -210,19 +210,27 @@ def dispatch(cores: int, chain: int = 300) -> dict[str, float]:
     ``gil_seconds``: the run's seconds per task with every worker running a chain, the part of a
     task's dispatch that holds the interpreter, which the workers of one process take in turn
     (22 us here at 2 and 4 workers, 29 at 8: a machine's tiny tasks go one at a time, whatever
-    its cores); ``view_overhead``: a worker's seconds per view, all busy. Least of a few runs:
-    other programs only add."""
+    its cores); ``view_overhead``: a worker's seconds per view, all busy. These three through
+    Python, the native loop off. ``native_overhead``: a task's seconds inside a run of the native
+    loop (lower/runs.py), from the difference between chains of ``chain`` and ``2 * chain`` joins
+    (0.05-0.1 us here; None where no C compiler works: no loop). Least of a few runs: other
+    programs only add."""
+    from einsummable.engines.kernels import cbuild
     from einsummable.engines.local import LocalProgram  # the engine's own loop, loaded only when asked
     from einsummable.lower.taskgraph import ViewTask
 
-    def run_seconds(busy: int, make: Callable[[int, int], object] | None = None) -> float:
-        """The least wall seconds of a run with a chain on each of the first ``busy`` workers."""
-        return least_run_seconds(LocalProgram(tiny_chains(busy, cores, chain, make)), tiny_feeds(busy))
+    def run_seconds(busy: int, make: Callable[[int, int], object] | None = None, n: int = chain,
+                    native_loop: bool = False) -> float:
+        """The least wall seconds of a run with a chain of ``n`` on each of the first ``busy`` workers."""
+        prog = LocalProgram(tiny_chains(busy, cores, n, make), native_loop)
+        return least_run_seconds(prog, tiny_feeds(busy))
 
     alone = run_seconds(1) / (chain + 1)
+    native = (run_seconds(1, n=2 * chain, native_loop=True) - run_seconds(1, native_loop=True)) / chain
     return {"task_overhead": alone,
             "gil_seconds": run_seconds(cores) / (cores * (chain + 1)) if cores > 1 else alone,
-            "view_overhead": run_seconds(cores, lambda i, w: ViewTask((i,), (4,), "f32", w)) / (chain + 1)}
+            "view_overhead": run_seconds(cores, lambda i, w: ViewTask((i,), (4,), "f32", w)) / (chain + 1),
+            "native_overhead": min(max(native, 0.0), alone) if cbuild.enabled() else None}
 
 
 def ray_driver(repeats: int = 7) -> dict[str, float]:
@@ -337,7 +345,8 @@ def ray_link(repeats: int = 7, burst: int = 6) -> dict[str, float]:
 # worth a launch at 50 us (5e-4, the CPU figure, would keep a 1B model's GEMMs from ever splitting).
 NOMINAL_GPU = {"flops_per_core": 6e14, "elementwise_flops_per_core": 4e11, "bandwidth_within": 1.5e12,
                "copy_bandwidth": 1.5e12, "bandwidth_across": 4e11, "latency_across": 1e-5,
-               "task_overhead": 3e-5, "gil_seconds": 3e-5, "view_overhead": 5e-6, "min_block_seconds": 5e-5}
+               "task_overhead": 3e-5, "gil_seconds": 3e-5, "view_overhead": 5e-6, "min_block_seconds": 5e-5,
+               "native_overhead": None}  # the GPU engine runs no native loop
 GPU_GEMM_N = {"cuda": 8192, "cpu": 256}  # bf16 on CUDA, f32 on torch's CPU device (the test path)
 GPU_ELEMENTS = {"cuda": 1 << 26, "cpu": 1 << 18}
 
@@ -399,7 +408,7 @@ def gpu_rates(device, count: int) -> dict[str, float]:
         there = torch.device("cuda", 1)
         figures["bandwidth_across"] = 4 * elements / seconds(lambda: x.to(there))
     per_task = gpu_dispatch(device)
-    return figures | {"task_overhead": per_task, "gil_seconds": per_task}
+    return figures | {"task_overhead": per_task, "gil_seconds": per_task, "native_overhead": None}
 
 
 def gpu_dispatch(device, chain: int = 300) -> float:

@@ -48,7 +48,8 @@ MAX_WORKERS = 2**22  # machines x cores: the plan keeps arrays over every core (
 _COUNTS = {"machines": MAX_MACHINES, "cores": MAX_CORES, "blas_threads": MAX_CORES}  # BLAS: a worker alone
 # figures that may be 0 (a latency, an overhead, no minimum block); the others must be > 0
 _MAY_BE_ZERO = {"min_block_seconds", "elementwise_node_cost", "latency_within", "latency_across",
-                "overhead_across", "task_overhead", "view_overhead", "gil_seconds", "driver_latency"}
+                "overhead_across", "task_overhead", "view_overhead", "gil_seconds", "native_overhead",
+                "driver_latency"}
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,11 @@ class Cluster:
     # (a machine: the local engine, a Ray actor) take it in turn, so a machine dispatches at most
     # one task per gil_seconds, however many cores it has (measure(): 22 us here)
     gil_seconds: float = 1e-5
+    # a task's cost on its core inside a run of the native loop (lower/runs.py: one dispatch, above,
+    # for the run, then its tasks one C call after another, none holding the interpreter; measure():
+    # 0.05-0.1 us here). None: the engine has no such loop (Ray's actors, the GPU engine), so every
+    # task pays task_overhead and holds the interpreter for gil_seconds
+    native_overhead: float | None = 1e-7
     memory_per_machine: float = 256 * 2**30  # bytes
     # bytes/s a machine moves between its memory and its host storage, each way: an offloaded
     # input's load before its reader and its new value's store (plan/offload.py); measure()
@@ -94,6 +100,8 @@ class Cluster:
             value = getattr(self, f.name)
             if f.name in _COUNTS:
                 object.__setattr__(self, f.name, _count(f.name, value))
+            elif f.name == "native_overhead" and value is None:
+                continue  # no native loop
             else:
                 object.__setattr__(self, f.name, _figure(f.name, value))
         if self.workers > MAX_WORKERS:
@@ -175,7 +183,8 @@ class Cluster:
         cpus = [int(n["Resources"]["CPU"]) for n in live_nodes(address)]
         if not cpus:
             raise PlanError("the Ray cluster has no live node with CPUs")
-        return cls(machines=len(cpus), cores=min(cpus), **hardware)
+        # the actors run no native loop
+        return cls(machines=len(cpus), cores=min(cpus), **({"native_overhead": None} | hardware))
 
     @staticmethod
     def local(workers: int) -> Cluster:

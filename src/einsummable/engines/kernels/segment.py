@@ -6,17 +6,10 @@ are joins whose kernel is a generated C function (``native``, ``ccodegen``), all
 signature ``f(in_, n, s, vars, out_)``; those a worker runs one after another need no
 Python between them.
 
-**Cutting** (``cut``, at prepare, one pass over the tasks in id order, which is
-topological). A task is *native* when it is an ApplyTask whose prepared kernel is the C
-function alone (``fast.prepare(op).compiled``: no cast after it, no wider op, its build
-did not fail) and it writes in place into nothing (not a donor, not a block stored to
-host storage). Per worker, a native task joins the worker's open segment when each of
-its inputs is a task of the segment (of the dtype and shape the kernel reads) or has an
-id below the segment's first task; else it opens a new one. A task that is not native
-closes its worker's segment. So a segment depends only on tasks before its first, and
-whatever reads a segment's task comes after that first: with the segment as one node
-placed at its first task's id, the node graph stays in topological order and acyclic.
-Segments of fewer than ``MIN_TASKS`` tasks stay as they were.
+**Cutting** (``cut``, at prepare). The segments are the native runs of lower/runs.py, the
+stretches the simulator prices as this loop runs them, of the tasks whose prepared kernel is
+the C function alone (``fast.prepare(op).compiled``: no cast after it, no wider op, its build
+did not fail) and that the engine lets in (``eligible``: not a block stored to host storage).
 
 **Running** (``Segment``). The segment is one node of the dependency loop. Its record
 table (function pointer, operand and output places, sizes, strides, variables, task id)
@@ -30,13 +23,14 @@ segment, as freeing after the last reader does elsewhere. An external input is r
 it lies: a non-contiguous one (a move's view) has its strides written into a copy of the
 stride table for that run. Run-time variables go in as the ``vars`` table.
 
-Its value is the tuple of its exported blocks; a node reading one picks it by position
-(``Plan.picks``). A traced run (``trace=``) passes a times table: the C loop writes each
-task's start and end from the same clock as ``time.perf_counter`` (CLOCK_MONOTONIC), so
+Its value holds its exported blocks (``Exported``); a node reading one takes it by position
+(``Plan.picks``), and each is let go after its last reader has. A traced run (``trace=``)
+passes a times table: the C loop writes each task's start and end from the same clock as
+``time.perf_counter`` (CLOCK_MONOTONIC), so
 the trace keeps one event per task. ``EINSUMMABLE_KERNELS=numpy`` or a failed build
 leaves no native task, so no segment: every task runs as before.
 
-    plan = cut(tasks, steps, eligible)         # at prepare
+    plan = cut(tasks, keep, eligible)          # at prepare
     plan.nodes, plan.inputs, plan.picks         # the dependency loop's graph
 """
 
@@ -45,6 +39,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import math
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -53,10 +48,10 @@ import numpy as np
 from einsummable.engines.kernels import aligned, cbuild, native
 from einsummable.engines.kernels import fast as kernels
 from einsummable.ir.dtypes import to_numpy
+from einsummable.lower import runs
 from einsummable.lower.taskgraph import ApplyTask
 
-MIN_TASKS = 2  # a lone native task costs the same through its own ctypes call
-MAX_OPERANDS = 64
+MAX_OPERANDS = runs.MAX_OPERANDS
 LINE = aligned.LINE
 # a record's fields, in the table's columns
 FN, OPS, NIN, OUT, SIZES, STRIDES, VARS, TASK = range(8)
@@ -96,10 +91,8 @@ def _loop() -> ctypes._CFuncPtr | None:
     return fn
 
 
-def compiled(task: object) -> native._Compiled | None:
+def compiled(task: ApplyTask) -> native._Compiled | None:
     """The C join that alone computes ``task``, built; None if it has none."""
-    if not isinstance(task, ApplyTask) or len(task.inputs) > MAX_OPERANDS:
-        return None
     body = getattr(kernels.prepare(task.op), "compiled", None)
     return body if body is not None and body.get() is not None else None
 
@@ -124,42 +117,23 @@ class Plan:
 
 
 def cut(tasks: Sequence, keep: set[int], eligible: Callable[[int], bool]) -> Plan | None:
-    """Segments of each worker's consecutive native tasks (see the module docstring); None
-    where there are none (the C loop is off, or nothing qualifies)."""
+    """Segments of the native runs (lower/runs.py) of the ``eligible`` tasks whose C join built;
+    None where there are none (the C loop is off, or nothing qualifies)."""
     loop = _loop()
     if loop is None:
         return None
     n = len(tasks)
-    seg_of: list[int] = [-1] * n
-    groups: list[list[int]] = []
-    open_: dict[int, int] = {}  # worker -> its open group
     joins: dict[int, native._Compiled] = {}
-    reads: list[dict[int, tuple]] = []  # per group: each external input's dtype and shape as read
     for t, task in enumerate(tasks):
-        w = task.loc
-        fn = compiled(task) if eligible(t) else None
-        g = open_.pop(w, None)
-        if fn is None:
-            continue
-        joins[t] = fn
-        if g is None or not all(_fits(tasks, seg_of, g, groups[g][0], t, k, reads[g])
-                                for k in range(len(task.inputs))):
-            g = len(groups)
-            groups.append([])
-            reads.append({})
-        groups[g].append(t)
-        for k, i in enumerate(task.inputs):
-            if seg_of[i] != g:
-                reads[g][i] = _read_as(task.op, k)
-        seg_of[t] = g
-        open_[w] = g
-    for g, members in enumerate(groups):
-        if len(members) < MIN_TASKS:
-            for t in members:
-                seg_of[t] = -1
-            groups[g] = []
-    if not any(groups):
+        if eligible(t) and runs.candidate(task) and (fn := compiled(task)) is not None:
+            joins[t] = fn
+    groups = runs.runs(tasks, joins.__contains__)
+    if not groups:
         return None
+    seg_of = [-1] * n
+    for g, members in enumerate(groups):
+        for t in members:
+            seg_of[t] = g
     exported: list[set[int]] = [set() for _ in groups]
     for u, task in enumerate(tasks):
         for i in task.inputs:
@@ -188,24 +162,13 @@ def cut(tasks: Sequence, keep: set[int], eligible: Callable[[int], bool]) -> Pla
         inputs.append(tuple(node_of[i] for i in reads))
         chosen = tuple(pick[i] for i in reads)
         picks.append(chosen if any(p is not None for p in chosen) else None)
+        for i in reads:
+            if pick[i] is not None:
+                nodes[node_of[i]].readers[pick[i]] += 1
+    for t in keep:
+        if pick[t] is not None:
+            nodes[node_of[t]].readers[pick[t]] += 1  # taken by no node: held to the run's end
     return Plan(tuple(nodes), tuple(node_of), tuple(pick), tuple(inputs), tuple(picks))
-
-
-def _fits(tasks: Sequence, seg_of: list[int], g: int, first: int, t: int, k: int, reads: dict) -> bool:
-    """Whether operand k of task t may be read in group g: from before its first task, as
-    the group's other kernels read that block (it is made ready once, at entry), or from a
-    task of it of the dtype and shape the kernel reads (an arena block is its kernel's
-    output as it lies)."""
-    i, op = tasks[t].inputs[k], tasks[t].op
-    if i < first:
-        return reads.get(i, _read_as(op, k)) == _read_as(op, k)
-    src = tasks[i]
-    return seg_of[i] == g and (src.dtype, tuple(src.shape)) == _read_as(op, k)
-
-
-def _read_as(op, k: int) -> tuple[str, tuple[int, ...]]:
-    """The dtype and shape of operand k as ``op``'s kernel reads it."""
-    return op.dtypes[k], tuple(op.join_shape[d] for d in op.inputs[k])
 
 
 class _Arena:
@@ -250,6 +213,7 @@ class Segment:
         self.loop, self.tasks = loop, tuple(members)
         inside = set(members)
         self.exported = tuple(t for t in members if t in exported)
+        self.readers = [0] * len(self.exported)  # the takes of each exported block a run (cut counts)
         external: dict[int, int] = {}  # task -> its slot
         for t in members:
             for i in tasks[t].inputs:
@@ -273,8 +237,8 @@ class Segment:
             strides.extend([0] * max(1, rank * len(task.inputs)))
             for k, (i, idx) in enumerate(zip(task.inputs, op.inputs, strict=True)):
                 dtype, shape = to_numpy(op.dtypes[k]), tuple(op.join_shape[d] for d in idx)
-                if i in inside:
-                    ops.append(place[i])
+                if i in inside:  # in the arena, or exported (and read here too): its slot
+                    ops.append(place[i] if i in place else -1 - slot_of[i])
                 else:
                     slot = external[i]
                     if slot == len(self.wanted):  # (the cut made every reader read it alike)
@@ -347,7 +311,33 @@ class Segment:
         records, count, ops, sizes = self.table
         self.loop(records, count, ops, sizes, strides.ctypes.data, values, self.slots(*pointers), base,
                   None if times is None else times.ctypes.data)
-        return tuple(outputs)
+        return Exported(outputs, list(self.readers))
+
+
+class Exported:
+    """A segment's exported blocks of one run, each let go after its last reader takes it, as a
+    task's block is freed after its last reader (held as one value, the segment's blocks would be
+    freed together, after the last reader of any: 1.34x the estimated peak of a momentum step)."""
+
+    __slots__ = ("blocks", "left", "lock")
+
+    def __init__(self, blocks: list[np.ndarray], left: list[int]) -> None:
+        self.blocks, self.left, self.lock = blocks, left, threading.Lock()
+
+    def take(self, k: int) -> np.ndarray:
+        """Block k, for one of its readers."""
+        with self.lock:
+            block = self.blocks[k]
+            self.left[k] -= 1
+            if self.left[k] == 0:
+                self.blocks[k] = None
+        return block
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        return self.blocks[k]
+
+    def __len__(self) -> int:
+        return len(self.blocks)
 
 
 def _contiguous(shape: tuple[int, ...]) -> list[int]:

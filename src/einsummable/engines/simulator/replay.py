@@ -10,7 +10,8 @@ reader's end. Arrays, not task objects, so a million tasks cost tens of MB.
 Each machine has one interpreter (the local engine's process, a Ray actor): a task's first
 ``Cluster.gil_seconds`` on its core (all of it, if shorter) hold it, so the cores of a machine
 start their tasks one at a time, ``gil_seconds`` apart at the least; a task that finds it
-held waits on its core (its path's step "waited"). Machine-level replays (``slots`` > 1) cost
+held waits on its core (its path's step "waited"). A task inside a native run past its first
+(lower/runs.py: the C loop goes on without Python) holds none. Machine-level replays (``slots`` > 1) cost
 dispatch in their durations instead.
 
     sim = replay(cg, Cluster(machines=32, cores=1), durations)    # a Simulation
@@ -206,12 +207,14 @@ def aliases(g: CompactGraph, readers: np.ndarray,
 
 
 def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths: Sequence[int] | None = None,
-           slots: int = 1, release: Sequence[float] | None = None) -> Simulation:
+           slots: int = 1, release: Sequence[float] | None = None,
+           native: Sequence[bool] | None = None) -> Simulation:
     """Replay ``g`` on ``cluster`` with the given seconds per task. ``slots``: cores per
     worker, of which a task holds ``widths[t]`` (default 1): a machine-level worker runs
     tasks side by side while their widths fit, the highest ranked first. ``release``: per
     machine, when its tasks without inputs become ready (default 0: a driver feeding it
-    over the object store starts it later)."""
+    over the object store starts it later). ``native[t]``: task t runs inside a run of the
+    native loop past its first task (lower/runs.py), holding no interpreter."""
     if cluster.workers != g.workers or cluster.cores != g.cores:
         raise SimulationError(f"the graph is for {g.workers} workers of {g.cores} cores per machine, "
                               f"the cluster is {cluster}")
@@ -256,6 +259,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
     push, pop = heapq.heappush, heapq.heappop
 
     gil = cluster.gil_seconds if slots == 1 else 0.0
+    holds = [gil] * n if native is None else [0.0 if x else gil for x in native]
     gil_free, gil_owner = [0.0] * machines, [-1] * machines  # when each interpreter is next free; by whom
 
     def begin(t: int, now: float) -> None:
@@ -271,7 +275,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
         go = max(now, gil_free[m])
         if go > now:
             prev[t], waited[t] = gil_owner[m], True
-        gil_free[m], gil_owner[m] = go + min(gil, dur[t]), t
+        gil_free[m], gil_owner[m] = go + min(holds[t], dur[t]), t
         return go
 
     reach = window(g.order, workers * slots)
@@ -288,7 +292,7 @@ def replay(g: CompactGraph, cluster: Cluster, durations: Sequence[float], widths
                 prev[t], waited[t] = last_on_core[w], True
             last_on_core[w] = t
             busy[w] += dur[t] * width[t] / slots
-            begin(t, dispatch(t, now) if gil else now)
+            begin(t, dispatch(t, now) if holds[t] else now)
 
     def become_ready(t: int, now: float, why: int) -> None:
         prev[t], ready_at[t] = why, now

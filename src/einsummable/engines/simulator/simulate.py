@@ -13,7 +13,8 @@ Model, one event per task, taken from a heap in time order:
   its two kernels, the block between them not written); fills and assembled partials cost their bytes at
   ``copy_bandwidth``; inputs, views and single-piece partials run no kernel and cost
   ``view_overhead`` instead of ``task_overhead`` (measured here: 1-4 us, a kernel
-  task's dispatch 5-25 us);
+  task's dispatch 5-25 us); a join inside a run of the local engine's native loop past its
+  first (lower/runs.py) costs ``native_overhead`` (~0.1 us) and holds no interpreter;
 - the ready tasks of a core wait in a heap ordered by critical path (the longest
   chain of predicted time that waits on them), as in the local engine;
 - a move inside a machine takes ``latency_within + bytes / bandwidth_within`` and
@@ -48,6 +49,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
+from einsummable.engines.kernels import fast as kernels
 from einsummable.engines.simulator.replay import Simulation, replay
 from einsummable.errors import SimulationError
 from einsummable.hardware import cost
@@ -55,6 +57,7 @@ from einsummable.hardware.cluster import Cluster
 from einsummable.ir.box import whole
 from einsummable.ir.dtypes import itemsize
 from einsummable.ir.einsummable import Einsummable
+from einsummable.lower import runs
 from einsummable.lower.compact import CompactGraph
 from einsummable.lower.taskgraph import (
     ApplyTask,
@@ -109,9 +112,10 @@ def run(tg: TaskGraph, cluster: Cluster, durations: Sequence[float] | None = Non
     if cluster.workers != tg.workers or cluster.cores != tg.cores:
         raise SimulationError(f"the TaskGraph is for {tg.workers} workers of {tg.cores} cores per machine, "
                               f"the cluster is {cluster}")
-    dur = list(durations) if durations is not None else _durations(tg, cluster)
+    native = native_tasks(tg) if cluster.native_overhead is not None else [False] * len(tg.tasks)
+    dur = list(durations) if durations is not None else _durations(tg, cluster, native)
     feed, fetch = driver_seconds(tg, cluster)
-    sim = replay(CompactGraph.from_taskgraph(tg), cluster, dur, widths, slots, feed)  # checks len(dur)
+    sim = replay(CompactGraph.from_taskgraph(tg), cluster, dur, widths, slots, feed, native)  # checks dur
     if not any(feed) and not any(fetch):
         return sim
     return _with_fetches(tg, sim, feed, fetch)
@@ -181,8 +185,27 @@ def _with_fetches(tg: TaskGraph, sim: Simulation, release: list[float], fetch: l
     return dataclasses.replace(sim, makespan=makespan, critical_time=kinds)
 
 
-def _durations(tg: TaskGraph, cluster: Cluster) -> list[float]:
-    """Seconds each task holds its core; for a move between machines, its NICs (latency comes after)."""
+def native_tasks(tg: TaskGraph) -> list[bool]:
+    """Whether each task runs inside a run of the native loop past its first: lower/runs.py's
+    runs of the joins the kernels run as C alone (``fast.prepare(op).compiled``, the kernel the
+    local engine will choose; none where compiled kernels are off), as the local engine cuts
+    them (engines/kernels/segment.py); a block stored as made stays out."""
+    stored = {t for name in tg.stored & set(tg.outputs) for t, _ in tg.outputs[name].blocks}
+
+    def native(t: int) -> bool:
+        task = tg.tasks[t]
+        return t not in stored and runs.candidate(task) and kernels.prepare(task.op).compiled is not None
+
+    out = [False] * len(tg.tasks)
+    for members in runs.runs(tg.tasks, native):
+        for t in members[1:]:
+            out[t] = True
+    return out
+
+
+def _durations(tg: TaskGraph, cluster: Cluster, native: Sequence[bool]) -> list[float]:
+    """Seconds each task holds its core; for a move between machines, its NICs (latency comes after).
+    A task inside a native run costs ``native_overhead``, not ``task_overhead``."""
     cache: dict[Einsummable, float] = {}
     out = [0.0] * len(tg.tasks)
     for t, task in enumerate(tg.tasks):
@@ -195,7 +218,7 @@ def _durations(tg: TaskGraph, cluster: Cluster) -> list[float]:
         if isinstance(task, ApplyTask):
             if task.op not in cache:
                 cache[task.op] = cost.seconds(task.op, cluster)
-            out[t] = cache[task.op] + cluster.task_overhead
+            out[t] = cache[task.op] + (cluster.native_overhead if native[t] else cluster.task_overhead)
             continue
         rule = KERNEL_SECONDS.get(type(task))
         if rule is None:
