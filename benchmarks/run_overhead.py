@@ -31,8 +31,8 @@ from llama_block import hf_model
 
 
 def timed(executor) -> list[float]:
-    """Wrap ``executor``'s steps (the local engine's, donors included) to add their time to the
-    list returned; ``restore`` puts them back."""
+    """Wrap ``executor``'s steps (the local engine's nodes: a task, or a native segment; donors
+    included) to add their time to the list returned; ``restore`` puts them back."""
     total = [0.0]
 
     def wrap(step):
@@ -43,14 +43,14 @@ def timed(executor) -> list[float]:
             return out
         return run
 
-    executor.plain = (executor.steps, executor.donors)
-    executor.steps = [wrap(s) for s in executor.steps]
-    executor.donors = {j: (name, wrap(s)) for j, (name, s) in executor.donors.items()}
+    executor.plain = (executor.node_steps, executor.node_donors)
+    executor.node_steps = [wrap(s) for s in executor.node_steps]
+    executor.node_donors = {j: (name, wrap(s)) for j, (name, s) in executor.node_donors.items()}
     return total
 
 
 def restore(executor) -> None:
-    executor.steps, executor.donors = executor.plain
+    executor.node_steps, executor.node_donors = executor.plain
 
 
 def driver_alone(run: Callable[[], object], executor, runs: int, rounds: int) -> float:
@@ -64,17 +64,17 @@ def driver_alone(run: Callable[[], object], executor, runs: int, rounds: int) ->
             return made[i]
         return run_step
 
-    plain = (executor.steps, executor.donors)
-    executor.steps = [record(i, s) for i, s in enumerate(executor.steps)]
-    executor.donors = {j: (name, record(j, s)) for j, (name, s) in executor.donors.items()}
+    plain = (executor.node_steps, executor.node_donors)
+    executor.node_steps = [record(i, s) for i, s in enumerate(executor.node_steps)]
+    executor.node_donors = {j: (name, record(j, s)) for j, (name, s) in executor.node_donors.items()}
     run()
-    executor.steps = [lambda args, feeds, variables, v=made[i]: v for i in range(len(plain[0]))]
-    executor.donors = {j: (name, lambda args, feeds, variables, v=made[j]: v)
+    executor.node_steps = [lambda args, feeds, variables, v=made[i]: v for i in range(len(plain[0]))]
+    executor.node_donors = {j: (name, lambda args, feeds, variables, v=made[j]: v)
                        for j, (name, _) in plain[1].items()}
     try:
         return per_call(run, runs, rounds)
     finally:
-        executor.steps, executor.donors = plain
+        executor.node_steps, executor.node_donors = plain
 
 
 def fixed_cost(run: Callable[[], object], executor, runs: int, rounds: int) -> tuple[float, float, float]:
