@@ -146,80 +146,37 @@ class Schedule:
                 if on_done is not None:
                     on_done(i)
 
+        def worker(w: int) -> None:
+            try:
+                work(w)
+            finally:
+                state.exited[w].set()
+
+        threads = [threading.Thread(target=worker, args=(w,), daemon=True, name=f"einsummable-{w}")
+                   for w in range(workers)]
         # Wait on events, not Thread.join: an interrupted join marks a live thread as finished
         # (Python 3.11, bpo-45274's fix), and a second join would then return at once.
-        started = []
         try:
-            for w in range(workers):
-                _POOL.start(work, w, state.exited[w])
-                started.append(w)
+            for t in threads:
+                t.start()
             for e in state.exited:
                 e.wait()
         except BaseException:  # KeyboardInterrupt: no new task starts; wait out those under way
             state.stop()
-            for w in started:  # (one not started runs nothing)
-                state.exited[w].wait()
+            for t, e in zip(threads, state.exited, strict=True):
+                if t.ident is not None:  # started (one that starts later finds the stop flag)
+                    e.wait()
             raise
+        finally:
+            for t in threads:
+                if t.ident is not None:
+                    t.join()
         if state.error is not None:
             i, err = state.error
             if not isinstance(err, Exception):  # a KeyboardInterrupt or SystemExit inside a task
                 raise err
             raise EngineError(f"task {i} ({describe(i)}) failed: {type(err).__name__}: {err}") from err
         return {i: values[i] for i in keep}
-
-
-class _Pool:
-    """Worker threads kept between runs: a thread's start and join cost ~100 us each, more than a
-    small step's tasks (two 4-element joins on 2 workers: ~500 us of a run's fixed cost). A run
-    hands each of its workers' loops to an idle thread (a new one where none is idle); the thread
-    is named ``einsummable-{w}`` while it runs worker w, and ``einsummable.idle`` otherwise."""
-
-    IDLE = "einsummable.idle"
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.idle: list[_Job] = []
-
-    def start(self, work: Callable[[int], None], w: int, done: threading.Event) -> None:
-        """Run ``work(w)`` on a thread of the pool; ``done`` is set once it has returned."""
-        with self.lock:
-            job = self.idle.pop() if self.idle else None
-        if job is None:
-            job = _Job(self)
-            job.give(work, w, done)
-            threading.Thread(target=job.loop, daemon=True, name=f"einsummable-{w}").start()
-        else:
-            job.give(work, w, done)
-
-
-class _Job:
-    """One pooled thread's hand-off: the loop it runs next, and its event to set after."""
-
-    def __init__(self, pool: _Pool) -> None:
-        self.pool, self.ready = pool, threading.Semaphore(0)
-        self.task: tuple[Callable[[int], None], int, threading.Event] | None = None
-
-    def give(self, work: Callable[[int], None], w: int, done: threading.Event) -> None:
-        self.task = (work, w, done)
-        self.ready.release()
-
-    def loop(self) -> None:
-        me = threading.current_thread()
-        while True:
-            self.ready.acquire()
-            work, w, done = self.task
-            self.task = None
-            me.name = f"einsummable-{w}"
-            try:
-                work(w)
-            finally:
-                me.name = _Pool.IDLE  # before done: a caller sees no worker of its run left
-                with self.pool.lock:
-                    self.pool.idle.append(self)
-                done.set()
-
-
-_POOL = _Pool()
 
 
 class _Shared:
