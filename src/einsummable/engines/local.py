@@ -339,34 +339,32 @@ class LocalProgram:
         by one call of the C loop (kernels/segment.py: lower/runs.py's runs, which the simulator
         prices), every other task alone. A block stored to host storage as made stays alone."""
         tasks = tg.tasks
-        alone = {t for name in tg.stored & set(tg.outputs) for t, _ in tg.outputs[name].blocks}
+        alone = tg.stored_as_made()
         plan = segment.cut(tasks, self.keep, lambda t: t not in alone) if native_loop else None
         self.plan = plan
         if plan is None:  # every task alone: the loop runs the tasks themselves
             self.node_steps, self.node_donors, self.weight = self.steps, self.donors, None
-            self.schedule = scheduler.Schedule(self.inputs, location=self.location, workers=tg.workers,
-                                               keep=self.keep, rank=self.rank,
-                                               window=priority.window(tg.order, tg.workers))
-            return
-        self.weight = [1 if isinstance(n, int) else len(n.tasks) for n in plan.nodes]
-        rank = [-math.inf] * len(plan.nodes)
-        for t, node in enumerate(plan.node_of):
-            rank[node] = max(rank[node], self.rank[t])
-        self.node_steps = [_node_step(node, self.steps, picks)
-                           for node, picks in zip(plan.nodes, plan.picks, strict=True)]
-        self.node_donors = {plan.node_of[t]: (name, _node_step(t, {t: step}, plan.picks[plan.node_of[t]]))
-                            for t, (name, step) in self.donors.items()}
-        location = [tasks[n if isinstance(n, int) else n.tasks[0]].loc for n in plan.nodes]
-        self.schedule = scheduler.Schedule(plan.inputs, location=location, workers=tg.workers,
-                                           keep={plan.node_of[t] for t in self.keep}, rank=rank,
-                                           window=priority.window(tg.order, tg.workers))
+            inputs, location, keep, rank = self.inputs, self.location, self.keep, self.rank
+        else:
+            self.weight = [1 if isinstance(n, int) else len(n.tasks) for n in plan.nodes]
+            rank = [-math.inf] * len(plan.nodes)
+            for t, node in enumerate(plan.node_of):
+                rank[node] = max(rank[node], self.rank[t])
+            self.node_steps = [_node_step(node, self.steps, picks)
+                               for node, picks in zip(plan.nodes, plan.picks, strict=True)]
+            self.node_donors = {plan.node_of[t]: (name, _node_step(t, {t: step}, plan.picks[plan.node_of[t]]))
+                                for t, (name, step) in self.donors.items()}
+            inputs, keep = plan.inputs, {plan.node_of[t] for t in self.keep}
+            location = [tasks[n if isinstance(n, int) else n.tasks[0]].loc for n in plan.nodes]
+        self.schedule = scheduler.Schedule(inputs, location=location, workers=tg.workers, keep=keep,
+                                           rank=rank, window=priority.window(tg.order, tg.workers))
 
     def _offload(self, tg: TaskGraph) -> None:
         """Inputs kept in host storage (plan/offload.py): their input tasks load a copy of
         the block, and the output of each one's name is stored block by block as it is made
         (engines/storage.py); nothing writes into a stored block in place."""
         self.donors = {t: d for t, d in self.donors.items() if d[0] not in tg.stored}
-        made = {t for name in tg.stored & set(tg.outputs) for t, _ in tg.outputs[name].blocks}
+        made = tg.stored_as_made()
         for t, task in enumerate(tg.tasks):
             if isinstance(task, InputTask) and task.name in tg.stored:
                 self.steps[t] = _then(self.steps[t], storage.load)

@@ -202,6 +202,10 @@ class TaskGraph:
     # of the same name are stored as they are made (plan/offload.py)
     stored: frozenset[str] = frozenset()
 
+    def stored_as_made(self) -> set[int]:
+        """The tasks whose block goes to host storage as it is made (a stored input's new value)."""
+        return {t for name in self.stored & set(self.outputs) for t, _ in self.outputs[name].blocks}
+
     def machine_of(self, loc: int) -> int:
         return loc // self.cores
 

@@ -190,7 +190,7 @@ def native_tasks(tg: TaskGraph) -> list[bool]:
     runs of the joins the kernels run as C alone (``fast.prepare(op).compiled``, the kernel the
     local engine will choose; none where compiled kernels are off), as the local engine cuts
     them (engines/kernels/segment.py); a block stored as made stays out."""
-    stored = {t for name in tg.stored & set(tg.outputs) for t, _ in tg.outputs[name].blocks}
+    stored = tg.stored_as_made()
 
     def native(t: int) -> bool:
         task = tg.tasks[t]
